@@ -1,0 +1,137 @@
+"""`jnova.compile`: the user-facing entry point."""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Callable, Sequence
+
+import jax
+
+from jnova.options import Options
+
+log = logging.getLogger("jnova")
+
+
+def compile(fn: Callable, *, mixed_precision: str | None = None, backend: str | None = None,
+            fallback: str = "xla", bucket_bytes: int = 25 * 2**20, target: str | None = None,
+            donate_argnums: int | Sequence[int] = ()) -> "CompiledStep":
+    """Compile a JAX training step with jnova; returns a callable with `fn`'s signature.
+
+    Args:
+      fn: anything `jax.make_jaxpr` can trace (plain, `jax.jit`-wrapped, `jax.value_and_grad`, a step
+        with an optax update). Arguments and results are pytrees of arrays.
+      mixed_precision: None, or "bf16" to run contraction operands in bfloat16 (GPU backend).
+      backend: None (the platform of the inputs), "cpu" or "gpu".
+      fallback: "xla" runs primitives jnova cannot compile as ordinary JAX ops (one warning each);
+        "error" raises instead, naming the primitive and the source line.
+      bucket_bytes: gradient bucket size for data-parallel steps.
+      target: a GPU name ("h200", ...) to compile ahead of time without a GPU.
+      donate_argnums: positional arguments whose buffers the step may reuse (as in `jax.jit`).
+    """
+    if not callable(fn):
+        raise TypeError(f"jnova.compile expects a callable, got {type(fn).__name__}")
+    options = Options(mixed_precision=mixed_precision, backend=backend, fallback=fallback,
+                      bucket_bytes=bucket_bytes, target=target)
+    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+    return CompiledStep(fn, options, donate)
+
+
+class CompiledStep:
+    """A jnova-compiled step. Call it like `fn`; `.lower(*args)` exposes every stage's IR."""
+
+    def __init__(self, fn: Callable, options: Options, donate_argnums: tuple[int, ...]):
+        self.fn = fn
+        self.options = options
+        self.donate_argnums = donate_argnums
+        self._executables: dict = {}
+        self.compile_count = 0
+        functools.update_wrapper(self, fn, updated=())
+
+    def __call__(self, *args, **kwargs):
+        executable = self._executable(args, kwargs)
+        flat = jax.tree_util.tree_leaves((args, kwargs))
+        outs = executable.run(*flat)
+        return jax.tree_util.tree_unflatten(executable.captured.out_tree, outs)
+
+    def lower(self, *args, **kwargs) -> "Lowered":
+        return Lowered(self._executable(args, kwargs))
+
+    def _executable(self, args, kwargs):
+        from jnova.capture.trace import abstract
+
+        _configure_logging()
+        flat, tree = jax.tree_util.tree_flatten((args, kwargs))
+        avals = tuple((tuple(a.shape), str(a.dtype), bool(a.weak_type)) for a in map(abstract, flat))
+        backend = self.options.backend or _platform_of(flat)
+        key = (tree, avals, backend)
+        executable = self._executables.get(key)
+        if executable is None:
+            from jnova.pipeline import compile_step
+
+            if backend not in ("cpu",):
+                raise NotImplementedError(
+                    f"jnova's {backend} backend is not available yet; run on the CPU (backend='cpu') for now")
+            donate = _flat_donate(args, self.donate_argnums)
+            executable = compile_step(self.fn, args, kwargs, self.options, donate)
+            self.compile_count += 1
+            self._executables[key] = executable
+        return executable
+
+
+class Lowered:
+    """The stages of one compiled signature: `.as_text("jaxpr" | "nova" | "linalg" | "llvm")`."""
+
+    def __init__(self, executable):
+        self.executable = executable
+
+    def as_text(self, stage: str = "nova") -> str:
+        return self.executable.as_text(stage)
+
+    @property
+    def stages(self) -> list[str]:
+        return sorted(self.executable.texts)
+
+
+def _platform_of(flat_args) -> str:
+    for x in flat_args:
+        if isinstance(x, jax.Array):
+            try:
+                platform = next(iter(x.devices())).platform
+            except Exception:
+                continue
+            return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+    platform = jax.default_backend()
+    return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+
+
+def _flat_donate(args, donate_argnums) -> tuple[int, ...]:
+    """Flat leaf indices of the donated positional arguments."""
+    if not donate_argnums:
+        return ()
+    out, offset = [], 0
+    for i, a in enumerate(args):
+        n = len(jax.tree_util.tree_leaves(a))
+        if i in donate_argnums:
+            out.extend(range(offset, offset + n))
+        offset += n
+    return tuple(out)
+
+
+_LOGGING_SET = False
+
+
+def _configure_logging():
+    """Honour JNOVA_LOG (a logging level name) once."""
+    global _LOGGING_SET
+    if _LOGGING_SET:
+        return
+    _LOGGING_SET = True
+    level = os.environ.get("JNOVA_LOG")
+    if level:
+        logger = logging.getLogger("jnova")
+        logger.setLevel(level.upper())
+        if not logger.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+            logger.addHandler(handler)

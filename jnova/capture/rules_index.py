@@ -1,0 +1,2 @@
+"""Conversion rules for slicing, concatenation, padding, gather/scatter and arg-reductions."""
+from __future__ import annotations

@@ -1,0 +1,206 @@
+"""jaxpr -> nova: one conversion rule per JAX primitive, all into a single `func.func`.
+
+Call-like primitives (`jit`/`pjit`, `custom_jvp_call`, `custom_vjp_call`, `remat`, `closed_call`) are
+inlined. A primitive without a rule (or whose rule raises `Unsupported`) becomes a `nova.fallback`
+op that runs as an ordinary JAX op between compiled kernels (`fallback="xla"`, one warning per
+primitive), or raises `UnsupportedPrimitiveError` naming it and the user's source line
+(`fallback="error"`).
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from jax.extend import core as jex_core
+
+from jnova.capture.trace import Captured
+from jnova.dialect.ir import Func, Op, Value
+from jnova.dialect.ops import OPS, BroadcastOp, ConstantOp, FallbackOp
+from jnova.dialect.types import TensorType, dtype_name
+from jnova.runtime.jax_internals import source_line
+
+log = logging.getLogger("jnova.capture")
+
+# constants up to this many elements are embedded in the IR; larger ones become function arguments
+MAX_INLINE_CONSTANT = 256
+
+CALL_PRIMITIVES = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+                   "remat", "remat2", "checkpoint", "custom_lin"}
+
+
+class Unsupported(Exception):
+    """Raised by a rule for a form of its primitive that jnova does not compile."""
+
+
+class UnsupportedPrimitiveError(NotImplementedError):
+    """A primitive jnova cannot compile, under `fallback="error"`."""
+
+
+@dataclass
+class Program:
+    """The nova function of a step and what is needed to run it next to JAX.
+
+    `sites[i]` is the jaxpr equation that `nova.fallback {site = i}` stands for. The function's
+    arguments are the step's flat arguments followed by `const_args` (large captured constants).
+    """
+
+    func: Func
+    sites: list[jex_core.JaxprEqn]
+    const_args: list[np.ndarray]
+    num_user_args: int
+    fallbacks: dict[str, str] = field(default_factory=dict)  # primitive -> reason
+
+
+Rule = Callable[..., "Value | list[Value]"]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str):
+    """Register a conversion rule `fn(b: Builder, eqn, *operands) -> Value | list[Value]`."""
+
+    def wrap(fn):
+        for n in names:
+            RULES[n] = fn
+        return fn
+
+    return wrap
+
+
+class Builder:
+    """Appends nova ops to a function; what conversion rules use to emit IR."""
+
+    def __init__(self, func: Func):
+        self.func = func
+        self.loc: str | None = None
+
+    def op(self, op_name: str, operands, result_types, **attrs) -> Op:
+        op = OPS[op_name](operands, result_types, attrs, loc=self.loc)
+        self.func.add(op)
+        return op
+
+    def emit(self, op_name: str, operands, result_type: TensorType, **attrs) -> Value:
+        return self.op(op_name, operands, [result_type], **attrs).result
+
+    def constant(self, value, dtype: str, shape=()) -> Value:
+        from jnova.dialect.types import numpy_dtype
+
+        array = np.broadcast_to(np.asarray(value, dtype=numpy_dtype(dtype)), shape).copy()
+        return self.emit(ConstantOp.name, [], TensorType(tuple(shape), dtype), value=array)
+
+    def broadcast_to(self, x: Value, shape) -> Value:
+        """Implicit broadcasting of an elementwise operand: a scalar, or size-1 dims of equal rank."""
+        shape = tuple(shape)
+        if x.type.shape == shape:
+            return x
+        if x.type.rank == 0:
+            dims = ()
+        elif x.type.rank == len(shape) and all(a in (1, b) for a, b in zip(x.type.shape, shape)):
+            dims = tuple(range(len(shape)))
+        else:
+            raise Unsupported(f"implicit broadcast of {x.type} to {shape}")
+        return self.emit(BroadcastOp.name, [x], x.type.with_shape(shape), dims=dims)
+
+
+def out_type(eqn, i: int = 0) -> TensorType:
+    return TensorType.of(eqn.outvars[i].aval)
+
+
+def to_nova(captured: Captured, *, fallback: str = "xla", name: str = "step") -> Program:
+    """Convert a captured step into one nova function."""
+    if fallback not in ("xla", "error"):
+        raise ValueError(f"fallback must be 'xla' or 'error', got {fallback!r}")
+    consts = [np.asarray(c) for c in captured.consts]
+    big = [c for c in consts if c.size > MAX_INLINE_CONSTANT]
+    arg_types = [TensorType.of(a) for a in captured.in_avals] + [TensorType.of(c) for c in big]
+    func = Func(name, arg_types)
+    conv = _Converter(func, fallback)
+    env_consts, big_args = [], iter(func.args[len(captured.in_avals):])
+    for c in consts:
+        if c.size > MAX_INLINE_CONSTANT:
+            env_consts.append(next(big_args))
+        else:
+            env_consts.append(conv.b.constant(c, dtype_name(c.dtype), c.shape))
+    outs = conv.convert(captured.jaxpr, env_consts + func.args[: len(captured.in_avals)])
+    func.returns = outs
+    return Program(func, conv.sites, big, len(captured.in_avals), conv.fallbacks)
+
+
+class _Converter:
+    def __init__(self, func: Func, fallback: str):
+        self.b = Builder(func)
+        self.fallback = fallback
+        self.sites: list = []
+        self.fallbacks: dict[str, str] = {}
+
+    def convert(self, jaxpr, in_values: list[Value]) -> list[Value]:
+        env: dict = dict(zip(jaxpr.constvars + jaxpr.invars, in_values))
+        for eqn in jaxpr.eqns:
+            operands = [self.read(env, v) for v in eqn.invars]
+            outs = self.convert_eqn(eqn, operands)
+            for var, val in zip(eqn.outvars, outs):
+                if not isinstance(var, jex_core.DropVar):
+                    env[var] = val
+        return [self.read(env, v) for v in jaxpr.outvars]
+
+    def read(self, env, var) -> Value:
+        if isinstance(var, jex_core.Literal):
+            return self.b.constant(var.val, dtype_name(var.aval.dtype), var.aval.shape)
+        return env[var]
+
+    def convert_eqn(self, eqn, operands: list[Value]) -> list[Value]:
+        name = eqn.primitive.name
+        self.b.loc = source_line(eqn) or None
+        if name in CALL_PRIMITIVES:
+            inner = _inner_jaxpr(eqn)
+            if inner is not None:
+                jaxpr, consts = inner
+                const_values = [self.b.constant(np.asarray(c), dtype_name(np.asarray(c).dtype), np.shape(c)) for c in consts]
+                return self.convert(jaxpr, const_values + operands)
+        reason = f"no jnova rule for '{name}'"
+        fn = RULES.get(name)
+        if fn is not None:
+            try:
+                out = fn(self.b, eqn, *operands)
+                return out if isinstance(out, list) else [out]
+            except Unsupported as e:
+                reason = f"'{name}': {e}"
+        return self.emit_fallback(eqn, operands, reason)
+
+    def emit_fallback(self, eqn, operands, reason: str) -> list[Value]:
+        name = eqn.primitive.name
+        where = source_line(eqn)
+        if self.fallback == "error":
+            raise UnsupportedPrimitiveError(
+                f"jnova cannot compile the JAX primitive '{name}' ({reason})"
+                + (f", used at {where}" if where else "")
+                + "; pass fallback='xla' to run it as an ordinary JAX op between jnova kernels")
+        if name not in self.fallbacks:
+            self.fallbacks[name] = reason
+            warnings.warn(
+                f"jnova: the JAX primitive '{name}' is not compiled ({reason}); it runs as an XLA op"
+                + (f" (first use at {where})" if where else ""), stacklevel=2)
+        site = len(self.sites)
+        self.sites.append(eqn)
+        types = [TensorType.of(v.aval) for v in eqn.outvars]
+        return self.b.op(FallbackOp.name, operands, types, primitive=name, site=site).results
+
+
+def _inner_jaxpr(eqn):
+    """(jaxpr, consts) of a call-like equation, or None if it has none we can inline."""
+    p = eqn.params
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        inner = p.get(key)
+        if inner is None:
+            continue
+        if isinstance(inner, jex_core.ClosedJaxpr):
+            return inner.jaxpr, list(inner.consts)
+        if isinstance(inner, jex_core.Jaxpr):
+            return inner, []
+    return None
+
+
+# importing the rule modules registers their rules
+from jnova.capture import rules_elementwise, rules_index, rules_reduce, rules_shape  # noqa: E402,F401

@@ -1,0 +1,57 @@
+"""Capture: the jaxpr of a training step, with its pytree structure.
+
+Anything `jax.make_jaxpr` accepts is captured: plain functions, `jax.jit`-wrapped ones,
+`jax.value_and_grad`, whole steps with an optax update. The backward pass JAX's AD produced is
+already in the graph, so forward, backward and optimizer update arrive as one jaxpr.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+from jax.extend import core as jex_core
+
+
+@dataclass
+class Captured:
+    """A traced step: flat jaxpr (closed over `consts`) plus the pytree structure of its I/O."""
+
+    jaxpr: jex_core.Jaxpr
+    consts: list[Any]
+    in_tree: Any
+    out_tree: Any
+    in_avals: list[Any]
+    out_avals: list[Any]
+
+
+def trace(fn: Callable, args: tuple, kwargs: dict) -> Captured:
+    """Trace `fn(*args, **kwargs)` at the abstract values of its (flattened) arguments."""
+    flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+    out_tree_box = []
+
+    def flat_fn(*flat):
+        call_args, call_kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
+        out = fn(*call_args, **call_kwargs)
+        flat_out, out_tree = jax.tree_util.tree_flatten(out)
+        out_tree_box.append(out_tree)
+        return flat_out
+
+    avals = [abstract(a) for a in flat_args]
+    closed = jax.make_jaxpr(flat_fn)(*avals)
+    return Captured(closed.jaxpr, list(closed.consts), in_tree, out_tree_box[0], avals, list(closed.out_avals))
+
+
+def abstract(x) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of an argument (an array, a scalar, or a ShapeDtypeStruct)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    try:
+        aval = jax.core.get_aval(x)
+    except TypeError:
+        raise TypeError(
+            f"jnova.compile: argument of type {type(x).__name__} is not an array; pass arrays, "
+            "Python scalars or pytrees of them (mark other arguments static)") from None
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))

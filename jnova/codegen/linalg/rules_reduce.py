@@ -1,0 +1,96 @@
+"""linalg lowerings of reductions and contractions."""
+from __future__ import annotations
+
+import numpy as np
+
+from jnova.codegen.linalg.emitter import affine_map, compute_dtype, element
+from jnova.codegen.linalg.lowering import LoweringError, lowering
+from jnova.dialect.types import FLOAT_DTYPES, UNSIGNED_DTYPES, TensorType
+
+
+def reduce_init(kind: str, dtype: str):
+    """The identity of a reduction `kind` on `dtype`."""
+    if kind == "sum" or kind == "or" or kind == "xor":
+        return False if dtype == "bool" else 0
+    if kind == "prod":
+        return True if dtype == "bool" else 1
+    if kind == "and":
+        return True if dtype == "bool" else -1
+    if dtype == "bool":
+        return kind == "min"
+    if dtype in FLOAT_DTYPES:
+        return -np.inf if kind == "max" else np.inf
+    info = np.iinfo(dtype)
+    return int(info.min if kind == "max" else info.max)
+
+
+def combine(s, kind: str, dtype: str, acc: str, x: str) -> str:
+    """acc (+) x for a reduction `kind` in `dtype` (NaN-propagating max/min like XLA)."""
+    e = element(dtype)
+    if dtype in FLOAT_DTYPES:
+        name = {"sum": "arith.addf", "prod": "arith.mulf", "max": "arith.maximumf", "min": "arith.minimumf"}.get(kind)
+    elif dtype == "bool":
+        name = {"sum": "arith.ori", "or": "arith.ori", "max": "arith.ori", "prod": "arith.andi", "and": "arith.andi",
+                "min": "arith.andi", "xor": "arith.xori"}.get(kind)
+    else:
+        u = dtype in UNSIGNED_DTYPES
+        name = {"sum": "arith.addi", "prod": "arith.muli", "max": "arith.maxui" if u else "arith.maxsi",
+                "min": "arith.minui" if u else "arith.minsi", "and": "arith.andi", "or": "arith.ori",
+                "xor": "arith.xori"}.get(kind)
+    if name is None:
+        raise LoweringError(f"reduction '{kind}' on {dtype}")
+    return s.op(f"{name} {acc}, {x} : {e}")
+
+
+@lowering("nova.reduce")
+def _reduce(em, op, x):
+    xt, out = op.operands[0].type, op.results[0].type
+    kind, dims = op.attrs["kind"], op.attrs["dims"]
+    acc_dtype = compute_dtype(xt.dtype)  # 16-bit floats accumulate in f32
+    acc_t = out.with_dtype(acc_dtype)
+    init = em.filled(acc_t, reduce_init(kind, acc_dtype))
+    kept = [d for d in range(xt.rank) if d not in dims]
+    iters = ["reduction" if d in dims else "parallel" for d in range(xt.rank)]
+    acc = em.generic([(x, xt, affine_map(xt.rank, list(range(xt.rank))))],
+                     [(init, acc_t, affine_map(xt.rank, kept))], iters,
+                     lambda s, a: combine(s, kind, acc_dtype, a[1], s.cast(a[0], xt.dtype, acc_dtype)))[0]
+    if acc_dtype == out.dtype:
+        return acc
+    return em.map_elementwise([(acc, acc_t)], out, lambda s, a: s.cast(a[0], acc_dtype, out.dtype))
+
+
+@lowering("nova.matmul")
+def _matmul(em, op, lhs, rhs):
+    a = op.attrs
+    lt, rt, out = op.operands[0].type, op.operands[1].type, op.results[0].type
+    lf, rf = op.free_dims()
+    nb, nl, nr, nc = len(a["lhs_batch"]), len(lf), len(rf), len(a["lhs_contract"])
+    rank = nb + nl + nr + nc  # iteration space: batch, lhs free, rhs free, contracting
+    lmap, rmap = [None] * lt.rank, [None] * rt.rank
+    for i, (ld, rd) in enumerate(zip(a["lhs_batch"], a["rhs_batch"])):
+        lmap[ld], rmap[rd] = i, i
+    for i, d in enumerate(lf):
+        lmap[d] = nb + i
+    for i, d in enumerate(rf):
+        rmap[d] = nb + nl + i
+    for i, (ld, rd) in enumerate(zip(a["lhs_contract"], a["rhs_contract"])):
+        lmap[ld], rmap[rd] = nb + nl + nr + i, nb + nl + nr + i
+    acc_dtype = "float32" if out.dtype in ("float16", "bfloat16") else out.dtype
+    if lt.dtype == "float64" or out.dtype == "float64":
+        acc_dtype = "float64"
+    acc_t = out.with_dtype(acc_dtype)
+    init = em.filled(acc_t, 0)
+    e = element(acc_dtype)
+
+    def body(s, args):
+        x, y = s.cast(args[0], lt.dtype, acc_dtype), s.cast(args[1], rt.dtype, acc_dtype)
+        if acc_dtype in FLOAT_DTYPES:
+            return s.op(f"arith.addf {args[2]}, {s.op(f'arith.mulf {x}, {y} : {e}')} : {e}")
+        return s.op(f"arith.addi {args[2]}, {s.op(f'arith.muli {x}, {y} : {e}')} : {e}")
+
+    iters = ["parallel"] * (nb + nl + nr) + ["reduction"] * nc
+    acc = em.generic([(lhs, lt, affine_map(rank, lmap)), (rhs, rt, affine_map(rank, rmap))],
+                     [(init, acc_t, affine_map(rank, list(range(nb + nl + nr))))], iters, body)[0]
+    if acc_dtype == out.dtype:
+        return acc
+    return em.map_elementwise([(acc, acc_t)], out, lambda s, a_: s.cast(a_[0], acc_dtype, out.dtype))

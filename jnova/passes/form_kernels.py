@@ -1,0 +1,67 @@
+"""Kernel formation: split the step's function into compiled kernels and fallback ops.
+
+Each maximal run of compiled nova ops between fallback ops becomes one kernel; a kernel's inputs
+are the values it reads from outside, its outputs the values read after it (or returned). The
+result, a `Plan`, is what codegen compiles and the executor runs, in order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jnova.dialect.ir import Func, Op, Value
+from jnova.dialect.ops import FallbackOp
+
+
+@dataclass
+class Kernel:
+    name: str
+    ops: list[Op]
+    inputs: list[Value]
+    outputs: list[Value]
+
+
+@dataclass
+class Plan:
+    """The ordered steps of a compiled function: `Kernel`s and fallback `Op`s."""
+
+    func: Func
+    steps: list["Kernel | Op"] = field(default_factory=list)
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return [s for s in self.steps if isinstance(s, Kernel)]
+
+
+def form_kernels(func: Func) -> Plan:
+    runs: list[list[Op] | Op] = []
+    for op in func.ops:
+        if isinstance(op, FallbackOp):
+            runs.append(op)
+        elif runs and isinstance(runs[-1], list):
+            runs[-1].append(op)
+        else:
+            runs.append([op])
+    # a value is live-out of a run if an op outside the run (or the return) reads it
+    readers: dict[Value, set[int]] = {}
+    for i, run in enumerate(runs):
+        for op in run if isinstance(run, list) else [run]:
+            for v in op.operands:
+                readers.setdefault(v, set()).add(i)
+    returned = set(func.returns)
+    plan = Plan(func)
+    for i, run in enumerate(runs):
+        if not isinstance(run, list):
+            plan.steps.append(run)
+            continue
+        defined = {r for op in run for r in op.results}
+        inputs, seen = [], set()
+        for op in run:
+            for v in op.operands:
+                if v not in defined and v not in seen:
+                    seen.add(v)
+                    inputs.append(v)
+        outputs = [r for op in run for r in op.results
+                   if r in returned or readers.get(r, set()) - {i}]
+        if outputs:
+            plan.steps.append(Kernel(f"kernel_{len(plan.kernels)}", run, inputs, outputs))
+    return plan

@@ -32,6 +32,9 @@ def _unary(b, eqn, x):
 
 def _binary(b, eqn, lhs, rhs):
     out = out_type(eqn)
+    if eqn.primitive.name == "pow" and rhs.type.dtype != lhs.type.dtype:
+        # lax.pow(float, int): XLA converts the exponent to the base's type first
+        rhs = b.emit("nova.convert", [rhs], rhs.type.with_dtype(lhs.type.dtype))
     return b.emit(f"nova.{BINARY[eqn.primitive.name]}", [b.broadcast_to(lhs, out.shape), b.broadcast_to(rhs, out.shape)], out)
 
 

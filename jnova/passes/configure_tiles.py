@@ -1,0 +1,378 @@
+"""The Analytic Configurator: a contraction's tile schedule derived from its shape and the Target.
+
+`choose_tiles(problem, target)` is pure and deterministic (no search, no GPU, microseconds); its
+`TileConfig` prints as one line that `TileConfig.parse` reads back, so a printed config is an override.
+The rules (Nova report, section 4.4):
+
+1. Tile family: arithmetic intensity AI = 2MNK / (MK + KN + MN) (FLOP per element), over the machine
+   balance point in FLOP per operand element, picks a rung of `TILE_LADDER`; 16-bit operands go one
+   rung up (half the shared memory per element).
+2. SM fill: from that rung down, the first whose tiles make at least one full wave with
+   `FILL_EFFICIENCY` of the SM slots busy (waves = ceil(tiles / SMs)), or, for a problem too small for
+   any, the best fill; within a rung the orientation with the better fill, then intensity, wins.
+3. Scoring: the schedule's intensity uses tile-aware traffic (an operand panel that fits in L2 is read
+   once, otherwise once per pass the tiling makes over it). Below the balance point (memory side) the
+   tile keeps its size and gets twice the warps.
+4. Pipeline depth: the deepest of 4, 3, 2 stages that fits the per-block opt-in shared memory
+   (halving block_k only when even 2 stages do not fit).
+5. MMA kind from the operand dtype and target features; swizzle from the smem tile's row width.
+   split_k stays 1 (fused epilogues need the whole K sum); larger values come only from overrides.
+
+Attention is the exception (report, section 4.2): `attention_tiles` picks a fixed 64-row query tile and
+the largest key tile from a short seed list whose fused-loop footprint fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from jnova.runtime.target import KiB, Target
+
+OPERAND_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LAYOUTS = ("row", "col")
+# N in a wgmma kind is the warpgroup's n extent, block_n // warps_n, fixed at code generation.
+MMA_KINDS = ("mma_sync_tf32_16x8x8", "mma_sync_bf16_16x8x16", "mma_sync_f16_16x8x16",
+             "wgmma_bf16_m64nNk16", "wgmma_f16_m64nNk16")
+SWIZZLES = (128, 64, 32)
+
+TILE_LADDER = (((64, 64),), ((128, 64), (64, 128)), ((128, 128),), ((256, 128), (128, 256)))
+RUNG_THRESHOLDS = (1.0, 2.0, 3.0)  # AI / balance (both per operand element) at which rungs 1, 2, 3 start
+FILL_EFFICIENCY = 0.75  # useful fraction of the SM slots over all waves for a rung to be accepted
+STAGES = (4, 3, 2)
+MAX_WARPS = 16
+_REGS_OVERHEAD = 64  # registers per thread beyond the accumulators: fragments, addresses, loop state
+_MBARRIER_BYTES_PER_STAGE = 16  # full + empty mbarrier of a TMA/wgmma pipeline stage
+
+
+@dataclasses.dataclass(frozen=True)
+class ContractionProblem:
+    """C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]; a layout is "row" when k (for A) or n (for B)
+    is contiguous, "col" otherwise."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    operand_dtype: str = "float32"
+    out_dtype: str = "float32"
+    a_layout: str = "row"
+    b_layout: str = "row"
+
+    def __post_init__(self):
+        for name in ("m", "n", "k", "batch"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"ContractionProblem.{name} must be a positive int, got {getattr(self, name)!r}")
+        for name in ("operand_dtype", "out_dtype"):
+            if getattr(self, name) not in OPERAND_BYTES:
+                raise ValueError(f"ContractionProblem.{name}={getattr(self, name)!r}; expected one of {list(OPERAND_BYTES)}")
+        for name in ("a_layout", "b_layout"):
+            if getattr(self, name) not in LAYOUTS:
+                raise ValueError(f"ContractionProblem.{name}={getattr(self, name)!r}; expected 'row' or 'col'")
+
+    @property
+    def operand_bytes(self) -> int:
+        return OPERAND_BYTES[self.operand_dtype]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """AI = 2MNK / (MK + KN + MN), in FLOP per element."""
+        m, n, k = self.m, self.n, self.k
+        return 2 * m * n * k / (m * k + k * n + m * n)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """A contraction schedule: block tile, warp grid, pipeline depth, MMA instruction, smem swizzle."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    mma: str
+    swizzle: int
+    split_k: int = 1
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name != "mma" and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"TileConfig.{f.name} must be a positive int, got {value!r}")
+        if self.mma not in MMA_KINDS:
+            raise ValueError(f"TileConfig.mma={self.mma!r}; expected one of {MMA_KINDS}")
+        if self.swizzle not in SWIZZLES:
+            raise ValueError(f"TileConfig.swizzle={self.swizzle}; expected one of {SWIZZLES}")
+        # each warp owns whole m16 MMA rows (a warpgroup's 4 warps split wgmma's m64) and n8 columns
+        if self.block_m % (16 * self.warps_m) or self.block_n % (8 * self.warps_n):
+            raise ValueError(f"TileConfig: block {self.block_m}x{self.block_n} does not split into "
+                             f"{self.warps_m}x{self.warps_n} warps of whole 16x8 MMA tiles")
+        if self.block_k % self.mma_k:
+            raise ValueError(f"TileConfig.block_k={self.block_k} is not a multiple of {self.mma}'s k={self.mma_k}")
+        if self.is_wgmma and (self.warps_m % 4 or self.block_n // self.warps_n > 256):
+            raise ValueError(f"TileConfig: wgmma needs warps_m in whole warpgroups (multiples of 4) and "
+                             f"at most 256 columns per warpgroup, got warps={self.warps_m}x{self.warps_n}")
+
+    @property
+    def is_wgmma(self) -> bool:
+        return self.mma.startswith("wgmma")
+
+    @property
+    def mma_k(self) -> int:
+        return 8 if "tf32" in self.mma else 16
+
+    @property
+    def operand_bytes(self) -> int:
+        return 4 if "tf32" in self.mma else 2
+
+    @property
+    def num_warps(self) -> int:
+        return self.warps_m * self.warps_n
+
+    @property
+    def stage_bytes(self) -> int:
+        """Shared memory of one pipeline stage: an A and a B tile (swizzled, so no padding)."""
+        tiles = (self.block_m + self.block_n) * self.block_k * self.operand_bytes
+        return tiles + (_MBARRIER_BYTES_PER_STAGE if self.is_wgmma else 0)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes
+
+    def __str__(self) -> str:
+        return (f"block={self.block_m}x{self.block_n}x{self.block_k} warps={self.warps_m}x{self.warps_n} "
+                f"stages={self.stages} mma={self.mma} swizzle={self.swizzle} split_k={self.split_k}")
+
+    @classmethod
+    def parse(cls, text: str) -> TileConfig:
+        """Read the form `str(cfg)` prints (split_k may be left out)."""
+        form = r"block=(\d+)x(\d+)x(\d+) warps=(\d+)x(\d+) stages=(\d+) mma=(\S+) swizzle=(\d+)(?: split_k=(\d+))?"
+        match = re.fullmatch(form, " ".join(text.split()))
+        if match is None:
+            raise ValueError(f"cannot parse tile config {text!r}; expected e.g. "
+                             "'block=128x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128 split_k=1'")
+        bm, bn, bk, wm, wn, stages, mma, swizzle, split_k = match.groups()
+        return cls(int(bm), int(bn), int(bk), int(wm), int(wn), int(stages), mma, int(swizzle), int(split_k or 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Candidate:
+    """One block tile with the numbers that score it."""
+
+    block_m: int
+    block_n: int
+    tiles: int
+    waves: int
+    fill: float  # useful output area / (waves * SMs * tile area)
+    traffic: int  # DRAM bytes, tile-aware
+    intensity: float  # FLOP / traffic byte
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decision:
+    ai: float
+    balance: float  # FLOP per DRAM byte
+    rung: int
+    tried: tuple[_Candidate, ...]
+    chosen: _Candidate
+    memory_side: bool
+    config: TileConfig
+
+
+def choose_tiles(problem: ContractionProblem, target: Target) -> TileConfig:
+    """The tile schedule for `problem` on `target` (rules in the module docstring)."""
+    return _decide(problem, target).config
+
+
+def explain(problem: ContractionProblem, target: Target) -> str:
+    """The numbers behind `choose_tiles(problem, target)`, for debug logs."""
+    d = _decide(problem, target)
+    elem = problem.operand_bytes
+    lines = [
+        f"problem {problem.batch}x{problem.m}x{problem.n}x{problem.k} {problem.operand_dtype} on {target}",
+        f"AI {d.ai:.0f} FLOP/elem; balance {d.balance:.1f} FLOP/B = {d.balance * elem:.0f} FLOP/elem "
+        f"-> ratio {d.ai / (d.balance * elem):.2f}, rung {d.rung}",
+    ]
+    for c in d.tried:
+        mark = "*" if c is d.chosen else " "
+        lines.append(f" {mark} {c.block_m}x{c.block_n}: tiles={c.tiles} waves={c.waves} (on {target.sm_count} SMs) "
+                     f"fill={c.fill:.2f} traffic={c.traffic / 1e6:.1f} MB intensity={c.intensity:.1f} FLOP/B")
+    side = "memory side: more warps" if d.memory_side else "compute side"
+    cfg = d.config
+    lines.append(f"{side}; smem {cfg.stage_bytes} B/stage x {cfg.stages} = {cfg.smem_bytes} B "
+                 f"(limit {target.smem_per_block_optin} B/block)")
+    lines.append(f"-> {cfg}")
+    return "\n".join(lines)
+
+
+def _decide(problem: ContractionProblem, target: Target) -> _Decision:
+    mma = _mma_kind(problem.operand_dtype, target)
+    elem = problem.operand_bytes
+    balance = target.balance_point(problem.operand_dtype)
+    ai = problem.arithmetic_intensity
+    rung = sum(ai / (balance * elem) >= t for t in RUNG_THRESHOLDS)
+    if elem == 2:
+        rung = min(rung + 1, len(TILE_LADDER) - 1)
+    tried, chosen = [], None
+    for r in range(rung, -1, -1):
+        best = max((_score(problem, target, bm, bn) for bm, bn in TILE_LADDER[r]), key=lambda c: _rank(problem, c))
+        tried.append(best)
+        if best.tiles >= target.sm_count and best.fill >= FILL_EFFICIENCY:
+            chosen = best
+            break
+    if chosen is None:  # too small for a full wave at any rung: the best fill (larger tile on ties)
+        chosen = max(tried, key=lambda c: (round(c.fill, 6), c.block_m * c.block_n))
+    memory_side = chosen.intensity < balance
+    if chosen.block_m % 64:  # wgmma's m is 64
+        mma = _mma_sync_form(mma)
+    warps_m, warps_n = _warps(chosen.block_m, chosen.block_n, mma, memory_side, target)
+    config = _pipeline(problem, chosen.block_m, chosen.block_n, warps_m, warps_n, mma, target)
+    return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config)
+
+
+def _mma_kind(operand_dtype: str, target: Target) -> str:
+    if not target.has("mma_sync"):
+        raise ValueError(f"target {target.name} ({target.arch}) has no mma.sync tensor cores; jnova needs sm_80+")
+    if operand_dtype == "float32":
+        return "mma_sync_tf32_16x8x8"
+    short = "bf16" if operand_dtype == "bfloat16" else "f16"
+    if short == "bf16" and not target.has("bf16_mma"):
+        raise ValueError(f"target {target.name} ({target.arch}) has no bf16 tensor-core MMA")
+    return f"wgmma_{short}_m64nNk16" if target.has("wgmma") else f"mma_sync_{short}_16x8x16"
+
+
+def _mma_sync_form(kind: str) -> str:
+    """The mma.sync instruction for the same operand type (unchanged if `kind` already is one)."""
+    return kind.replace("wgmma", "mma_sync").replace("_m64nNk16", "_16x8x16")
+
+
+def _score(problem: ContractionProblem, target: Target, bm: int, bn: int) -> _Candidate:
+    """Waves, fill and tile-aware DRAM traffic of a bm x bn block tiling."""
+    m, n, k, elem = problem.m, problem.n, problem.k, problem.operand_bytes
+    tiles_m, tiles_n = math.ceil(m / bm), math.ceil(n / bn)
+    tiles = problem.batch * tiles_m * tiles_n
+    waves = math.ceil(tiles / target.sm_count)
+    fill = problem.batch * m * n / (waves * target.sm_count * bm * bn)
+    # An A panel (bm x K) is reused by the tiles_n tiles of its row if it stays in L2, else each reads it.
+    a_passes = 1 if bm * k * elem <= target.l2_bytes else tiles_n
+    b_passes = 1 if k * bn * elem <= target.l2_bytes else tiles_m
+    per_batch = (m * k * a_passes + k * n * b_passes) * elem + m * n * OPERAND_BYTES[problem.out_dtype]
+    traffic = problem.batch * per_batch
+    return _Candidate(bm, bn, tiles, waves, fill, traffic, problem.flops / traffic)
+
+
+def _rank(problem: ContractionProblem, c: _Candidate) -> tuple:
+    """Orientation order within a rung: fill, then intensity, then the long tile side along the long dim."""
+    along_long_side = (c.block_m >= c.block_n) == (problem.m >= problem.n)
+    return (round(c.fill, 6), round(c.intensity, 6), along_long_side)
+
+
+def _warps(bm: int, bn: int, mma: str, memory_side: bool, target: Target) -> tuple[int, int]:
+    """Warp grid: 64x64 warp tiles (at least 4 warps) for mma.sync, one warpgroup per 128x128 for wgmma;
+    twice as many on the memory side when the smaller warp tiles stay whole MMA tiles and fit registers."""
+    if mma.startswith("wgmma"):
+        groups = max(1, bm * bn // (128 * 128))
+        grid = _warpgroup_grid(bm, bn, groups)
+        if memory_side and groups < MAX_WARPS // 4:
+            wider = _warpgroup_grid(bm, bn, 2 * groups)
+            grid = wider if _fits_registers(bm, bn, wider, target) else grid
+        return grid
+    grid = (max(1, bm // 64), max(1, bn // 64))
+    while grid[0] * grid[1] < 4:
+        grid = _split_warp_tile(bm, bn, grid)
+    if memory_side:
+        more = _split_warp_tile(bm, bn, grid)
+        if bm // more[0] >= 16 and bn // more[1] >= 16 and _fits_registers(bm, bn, more, target):
+            grid = more
+    return grid
+
+
+def _split_warp_tile(bm: int, bn: int, grid: tuple[int, int]) -> tuple[int, int]:
+    """Twice the warps, halving the longer side of the warp tile (m on ties)."""
+    wm, wn = grid
+    return (wm * 2, wn) if bm // wm >= bn // wn else (wm, wn * 2)
+
+
+def _warpgroup_grid(bm: int, bn: int, groups: int) -> tuple[int, int]:
+    """Warpgroups along m while each keeps at least wgmma's 64 rows, the rest along n; in warps."""
+    groups_m = min(groups, bm // 64)
+    groups_n = groups // groups_m
+    return 4 * groups_m, groups_n
+
+
+def _fits_registers(bm: int, bn: int, warps: tuple[int, int], target: Target) -> bool:
+    threads = 32 * warps[0] * warps[1]
+    per_thread = bm * bn // threads + _REGS_OVERHEAD  # FP32 accumulators + overhead
+    if bn // warps[1] < 8 or warps[0] * warps[1] > MAX_WARPS or threads > target.max_threads_per_block:
+        return False
+    return per_thread <= 255 and per_thread * threads <= target.regs_per_block
+
+
+def _pipeline(problem: ContractionProblem, bm: int, bn: int, wm: int, wn: int, mma: str,
+              target: Target) -> TileConfig:
+    """The config with block_k a 128-byte row of K and the deepest of `STAGES` that fits the per-block
+    opt-in shared memory; block_k halves (down to the MMA's k) only when even 2 stages do not fit."""
+    block_k = 128 // problem.operand_bytes
+    min_k = 8 if "tf32" in mma else 16
+    while block_k >= min_k:
+        swizzle = _swizzle(problem, bm, bn, block_k)
+        for stages in STAGES:
+            config = TileConfig(bm, bn, block_k, wm, wn, stages, mma, swizzle)
+            if config.smem_bytes <= target.smem_per_block_optin:
+                return config
+        block_k //= 2
+    raise ValueError(f"a {bm}x{bn} tile does not fit {target.name}'s {target.smem_per_block_optin} bytes of "
+                     f"shared memory per block even with {STAGES[-1]} stages of k={min_k}")
+
+
+def _swizzle(problem: ContractionProblem, bm: int, bn: int, bk: int) -> int:
+    """Widest XOR swizzle (128/64/32 bytes) dividing both smem tiles' contiguous row width."""
+    elem = problem.operand_bytes
+    a_row = (bk if problem.a_layout == "row" else bm) * elem
+    b_row = (bn if problem.b_layout == "row" else bk) * elem
+    return next(s for s in SWIZZLES if a_row % s == 0 and b_row % s == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Fused attention schedule: query rows per block, key/value rows per loop step, warps, MMA."""
+
+    head_dim: int
+    block_q: int
+    block_kv: int
+    warps: int
+    mma: str
+    smem_bytes: int  # Q tile + K and V tiles, staged in shared memory
+
+    def __str__(self) -> str:
+        return (f"attention block_q={self.block_q} block_kv={self.block_kv} head_dim={self.head_dim} "
+                f"warps={self.warps} mma={self.mma} smem={self.smem_bytes}")
+
+
+ATTENTION_BLOCK_Q = 64  # 4 warps x 16 query rows of an m16 mma.sync
+ATTENTION_KV_SEEDS = (128, 64, 32)
+_DRIVER_RESERVE_PER_BLOCK = 1 * KiB  # shared memory the CUDA driver keeps per resident block (sm_80+)
+
+
+def attention_tiles(head_dim: int, dtype: str, target: Target) -> AttentionConfig:
+    """Largest key tile from `ATTENTION_KV_SEEDS` whose footprint (block_q + 2 * block_kv) * d * elem
+    leaves room for two resident blocks per SM; failing that, one that fits a block's opt-in limit."""
+    if dtype not in OPERAND_BYTES or head_dim < 16 or head_dim % 16:
+        raise ValueError(f"attention_tiles: need head_dim a multiple of 16 and dtype in {list(OPERAND_BYTES)}, "
+                         f"got head_dim={head_dim}, dtype={dtype!r}")
+    elem = OPERAND_BYTES[dtype]
+    mma = _mma_sync_form(_mma_kind(dtype, target))  # S and P stay in mma.sync registers
+    two_per_sm = target.smem_per_sm // 2 - _DRIVER_RESERVE_PER_BLOCK
+    for budget in (min(two_per_sm, target.smem_per_block_optin), target.smem_per_block_optin):
+        for block_kv in ATTENTION_KV_SEEDS:
+            smem = (ATTENTION_BLOCK_Q + 2 * block_kv) * head_dim * elem
+            if smem <= budget:
+                return AttentionConfig(head_dim, ATTENTION_BLOCK_Q, block_kv, ATTENTION_BLOCK_Q // 16, mma, smem)
+    raise ValueError(f"attention with head_dim={head_dim} in {dtype} does not fit {target.name}'s "
+                     f"{target.smem_per_block_optin} bytes of shared memory per block")

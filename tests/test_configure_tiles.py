@@ -1,0 +1,229 @@
+"""The Analytic Configurator: the report's nine matmul shapes, the rules one by one, print/parse round trip."""
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jnova.passes.configure_tiles import (
+    ATTENTION_KV_SEEDS, MMA_KINDS, ContractionProblem, TileConfig, attention_tiles, choose_tiles, explain)
+from jnova.runtime.target import KiB, PRESETS
+
+H200, RTX3060, ADA = PRESETS["h200"], PRESETS["rtx3060"], PRESETS["rtx6000ada"]
+# Table 2 of the Nova report: three squares and six GPT-2 contractions (M x N x K)
+REPORT_SHAPES = [(512, 512, 512), (1024, 1024, 1024), (5120, 5120, 5120),
+                 (16384, 3072, 768), (16384, 768, 3072), (16384, 50304, 768),
+                 (16384, 768, 50304), (4096, 768, 50304), (4096, 768, 3072)]
+DTYPES = ["float32", "bfloat16"]
+
+
+def tiles_of(problem, cfg):
+    return problem.batch * math.ceil(problem.m / cfg.block_m) * math.ceil(problem.n / cfg.block_n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, n, k", REPORT_SHAPES)
+def test_report_shapes_fit_smem_and_fill_the_sms(m, n, k, dtype):
+    problem = ContractionProblem(m, n, k, operand_dtype=dtype)
+    cfg = choose_tiles(problem, H200)
+    assert cfg.smem_bytes <= H200.smem_per_block_optin
+    assert 32 * cfg.num_warps <= H200.max_threads_per_block
+    assert cfg.split_k == 1
+    if tiles_of(problem, TileConfig(64, 64, 32, 2, 2, 2, MMA_KINDS[0], 128)) >= H200.sm_count:
+        assert tiles_of(problem, cfg) >= H200.sm_count  # large enough: at least one full wave
+
+
+@pytest.mark.parametrize("m, n, k", REPORT_SHAPES)
+def test_bf16_tiles_at_least_as_large_as_f32(m, n, k):
+    f32 = choose_tiles(ContractionProblem(m, n, k), H200)
+    bf16 = choose_tiles(ContractionProblem(m, n, k, operand_dtype="bfloat16"), H200)
+    assert bf16.block_m * bf16.block_n >= f32.block_m * f32.block_n
+    assert bf16.block_k * 2 == f32.block_k * 4  # both a 128-byte row of K
+
+
+@pytest.mark.parametrize("m, n, k", REPORT_SHAPES)
+def test_mma_kind_follows_dtype_and_target(m, n, k):
+    assert choose_tiles(ContractionProblem(m, n, k), H200).mma == "mma_sync_tf32_16x8x8"
+    assert choose_tiles(ContractionProblem(m, n, k, operand_dtype="bfloat16"), H200).mma == "wgmma_bf16_m64nNk16"
+    assert choose_tiles(ContractionProblem(m, n, k, operand_dtype="float16"), H200).mma == "wgmma_f16_m64nNk16"
+    assert choose_tiles(ContractionProblem(m, n, k, operand_dtype="bfloat16"), RTX3060).mma == "mma_sync_bf16_16x8x16"
+    assert choose_tiles(ContractionProblem(m, n, k), RTX3060).mma == "mma_sync_tf32_16x8x8"
+
+
+def test_wgmma_warps_come_in_warpgroups():
+    for m, n, k in REPORT_SHAPES:
+        cfg = choose_tiles(ContractionProblem(m, n, k, operand_dtype="bfloat16"), H200)
+        assert cfg.warps_m % 4 == 0 and cfg.block_m % 64 == 0
+
+
+def test_tile_family_grows_with_arithmetic_intensity():
+    small = choose_tiles(ContractionProblem(512, 512, 512), H200)
+    large = choose_tiles(ContractionProblem(5120, 5120, 5120), H200)
+    assert (small.block_m, small.block_n) == (64, 64)
+    assert (large.block_m, large.block_n) == (256, 128)
+
+
+def test_report_example_4096_cube_on_rtx6000ada():
+    """Section 4.4: 4096^3 TF32 on the RTX 6000 Ada gets 256x128 tiles over a 4x2 grid of warps."""
+    cfg = choose_tiles(ContractionProblem(4096, 4096, 4096), ADA)
+    assert (cfg.block_m, cfg.block_n, cfg.warps_m, cfg.warps_n) == (256, 128, 4, 2)
+    assert cfg.mma == "mma_sync_tf32_16x8x8"
+    assert cfg.smem_bytes <= ADA.smem_per_block_optin
+
+
+def test_small_problems_trade_tile_size_for_sm_fill():
+    # 4096x768 makes only 96 tiles of 256x128 on 132 SMs, 192 tiles (2 waves, 73% busy) of 128x128
+    cfg = choose_tiles(ContractionProblem(4096, 768, 3072, operand_dtype="bfloat16"), H200)
+    assert cfg.block_m * cfg.block_n == 128 * 64
+    assert tiles_of(ContractionProblem(4096, 768, 3072), cfg) == 384
+
+
+def test_stages_fall_back_4_3_2_with_the_smem_limit():
+    problem = ContractionProblem(16384, 3072, 768)  # 128x128x32 f32 tiles: 32 KiB per stage
+    stages = {}
+    for limit_kib in (227, 100, 70, 40):
+        cfg = choose_tiles(problem, dataclasses.replace(H200, smem_per_block_optin=limit_kib * KiB))
+        assert (cfg.block_m, cfg.block_n) == (128, 128)
+        assert cfg.smem_bytes <= limit_kib * KiB
+        stages[limit_kib] = (cfg.stages, cfg.block_k, cfg.swizzle)
+    # 40 KiB fits no 2 stages of k=32: block_k halves (a 64-byte row, so a 64-byte swizzle)
+    assert stages == {227: (4, 32, 128), 100: (3, 32, 128), 70: (2, 32, 128), 40: (2, 16, 64)}
+    with pytest.raises(ValueError, match="does not fit"):
+        choose_tiles(problem, dataclasses.replace(H200, smem_per_block_optin=4 * KiB))
+
+
+def test_memory_side_gets_more_warps_not_a_smaller_tile():
+    problem = ContractionProblem(512, 512, 512)  # 85 FLOP/B against the H200's TF32 balance of 103
+    memory_side = choose_tiles(problem, H200)
+    fast_memory = dataclasses.replace(H200, dram_bytes_per_s=1e15)
+    compute_side = choose_tiles(problem, fast_memory)
+    assert (memory_side.block_m, memory_side.block_n) == (compute_side.block_m, compute_side.block_n)
+    assert memory_side.num_warps == 2 * compute_side.num_warps
+
+
+def test_panels_that_overflow_l2_count_once_per_pass():
+    problem = ContractionProblem(16384, 768, 50304)  # K = 50304: a 256-row A panel is 51 MB in f32
+    roomy = choose_tiles(problem, H200)
+    cramped = choose_tiles(problem, dataclasses.replace(H200, l2_bytes=1 << 20))
+    assert roomy.block_m * roomy.block_n == cramped.block_m * cramped.block_n
+    assert cramped.num_warps == 2 * roomy.num_warps
+    assert "memory side" in explain(problem, dataclasses.replace(H200, l2_bytes=1 << 20))
+    assert "compute side" in explain(problem, H200)
+
+
+def test_swizzle_follows_the_contiguous_row_width():
+    bf16_col = ContractionProblem(4096, 4096, 4096, operand_dtype="bfloat16", a_layout="col", b_layout="col")
+    assert choose_tiles(bf16_col, H200).swizzle == 128
+    tiny_limit = dataclasses.replace(H200, smem_per_block_optin=12 * KiB)  # forces block_k = 8 (32 bytes)
+    cfg = choose_tiles(ContractionProblem(512, 512, 512), tiny_limit)
+    assert (cfg.block_k, cfg.swizzle) == (8, 32)
+
+
+def test_batch_counts_toward_the_waves():
+    single = choose_tiles(ContractionProblem(1024, 1024, 1024), H200)
+    batched = choose_tiles(ContractionProblem(1024, 1024, 1024, batch=16), H200)
+    assert batched.block_m * batched.block_n > single.block_m * single.block_n
+
+
+def test_targets_without_tensor_cores_are_refused():
+    volta = dataclasses.replace(H200, compute_capability=(7, 0), features=frozenset())
+    with pytest.raises(ValueError, match="no mma.sync"):
+        choose_tiles(ContractionProblem(512, 512, 512), volta)
+
+
+def test_decisions_are_deterministic_and_hashable():
+    problems = [ContractionProblem(m, n, k, operand_dtype=d) for m, n, k in REPORT_SHAPES for d in DTYPES]
+    first = [choose_tiles(p, H200) for p in problems]
+    again = [choose_tiles(p, H200) for p in problems]
+    assert first == again and [hash(c) for c in first] == [hash(c) for c in again]
+    assert len({(p, H200): c for p, c in zip(problems, first)}) == len(problems)  # usable in a cache key
+
+
+@pytest.mark.parametrize("target", [H200, RTX3060, ADA], ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chosen_configs_round_trip_through_text(target, dtype):
+    for m, n, k in REPORT_SHAPES:
+        cfg = choose_tiles(ContractionProblem(m, n, k, operand_dtype=dtype), target)
+        assert TileConfig.parse(str(cfg)) == cfg
+
+
+def test_printed_form():
+    cfg = TileConfig(128, 128, 32, 2, 2, 3, "mma_sync_tf32_16x8x8", 128)
+    text = "block=128x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128 split_k=1"
+    assert str(cfg) == text and TileConfig.parse(text) == cfg
+    assert TileConfig.parse(text.replace(" split_k=1", "")) == cfg
+    assert TileConfig.parse(text.replace("split_k=1", "split_k=4")).split_k == 4
+
+
+@st.composite
+def tile_configs(draw):
+    mma = draw(st.sampled_from(MMA_KINDS))
+    warps_m = draw(st.sampled_from([4, 8] if mma.startswith("wgmma") else [1, 2, 4, 8]))
+    warps_n = draw(st.sampled_from([1, 2, 4]))
+    mma_k = 8 if "tf32" in mma else 16
+    return TileConfig(
+        block_m=16 * warps_m * draw(st.integers(1, 4)), block_n=8 * warps_n * draw(st.integers(1, 16)),
+        block_k=mma_k * draw(st.integers(1, 8)), warps_m=warps_m, warps_n=warps_n,
+        stages=draw(st.integers(1, 4)), mma=mma, swizzle=draw(st.sampled_from([128, 64, 32])),
+        split_k=draw(st.integers(1, 8)))
+
+
+@given(tile_configs())
+def test_any_valid_config_round_trips(cfg):
+    assert TileConfig.parse(str(cfg)) == cfg
+    assert hash(TileConfig.parse(str(cfg))) == hash(cfg)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("block=128x128 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128", "cannot parse"),
+    ("block=128x128x32 warps=2x2 stages=3 mma=mma_magic swizzle=128", "mma='mma_magic'"),
+    ("block=128x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=16", "swizzle=16"),
+    ("block=100x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128", "does not split"),
+    ("block=128x128x12 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128", "block_k=12"),
+    ("block=128x128x64 warps=2x2 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128", "warpgroups"),
+])
+def test_bad_overrides_are_rejected(text, message):
+    with pytest.raises(ValueError, match=message):
+        TileConfig.parse(text)
+
+
+def test_bad_problems_are_rejected():
+    with pytest.raises(ValueError, match="ContractionProblem.k must be a positive int"):
+        ContractionProblem(16, 16, 0)
+    with pytest.raises(ValueError, match="operand_dtype='int8'"):
+        ContractionProblem(16, 16, 16, operand_dtype="int8")
+    with pytest.raises(ValueError, match="a_layout='diag'"):
+        ContractionProblem(16, 16, 16, a_layout="diag")
+
+
+def test_explain_gives_the_numbers_behind_the_decision():
+    problem = ContractionProblem(4096, 768, 3072, operand_dtype="bfloat16")
+    text = explain(problem, H200)
+    assert f"AI {problem.arithmetic_intensity:.0f} FLOP/elem" in text
+    assert f"balance {H200.balance_point('bfloat16'):.1f} FLOP/B" in text
+    assert "waves=3" in text and "traffic=" in text and "B/stage" in text
+    assert text.splitlines()[-1] == f"-> {choose_tiles(problem, H200)}"
+
+
+@pytest.mark.parametrize("target", [H200, RTX3060, ADA], ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_attention_tiles_fit_the_fused_loop_footprint(head_dim, dtype, target):
+    cfg = attention_tiles(head_dim, dtype, target)
+    elem = 4 if dtype == "float32" else 2
+    assert cfg.block_q == 64 and cfg.block_kv in ATTENTION_KV_SEEDS and cfg.warps == 4
+    assert cfg.smem_bytes == (64 + 2 * cfg.block_kv) * head_dim * elem <= target.smem_per_block_optin
+    assert cfg.mma.startswith("mma_sync")
+    assert cfg == attention_tiles(head_dim, dtype, target) and hash(cfg) == hash(attention_tiles(head_dim, dtype, target))
+
+
+def test_attention_key_tile_shrinks_with_head_dim_and_element_size():
+    assert attention_tiles(64, "bfloat16", H200).block_kv == 128
+    assert attention_tiles(128, "float32", H200).block_kv == 64
+    assert attention_tiles(128, "bfloat16", ADA).block_kv == 64
+    with pytest.raises(ValueError, match="does not fit"):
+        attention_tiles(256, "float32", RTX3060)
+    with pytest.raises(ValueError, match="head_dim a multiple of 16"):
+        attention_tiles(60, "float32", H200)

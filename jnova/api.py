@@ -54,6 +54,10 @@ class CompiledStep:
         outs = executable.run(*flat)
         return jax.tree_util.tree_unflatten(executable.captured.out_tree, outs)
 
+    def stats(self) -> list[dict]:
+        """One record per compiled input signature (see `Executable.stats`)."""
+        return [e.stats() for e in self._executables.values()]
+
     def lower(self, *args, **kwargs) -> "Lowered":
         return Lowered(self._executable(args, kwargs))
 
@@ -87,6 +91,9 @@ class Lowered:
 
     def as_text(self, stage: str = "nova") -> str:
         return self.executable.as_text(stage)
+
+    def stats(self) -> dict:
+        return self.executable.stats()
 
     @property
     def stages(self) -> list[str]:

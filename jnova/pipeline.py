@@ -9,6 +9,7 @@ signature and caches the result.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from contextlib import contextmanager
@@ -20,15 +21,17 @@ import jax
 from jnova.capture.to_nova import Program, to_nova
 from jnova.capture.trace import Captured, trace
 from jnova.codegen import cpu
-from jnova.codegen.linalg.lowering import kernel_to_linalg
+from jnova.codegen.linalg.lowering import LoweringError, kernel_to_linalg
+from jnova.errors import CompileError
 from jnova.options import Options
 from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
-from jnova.passes.form_kernels import Plan, form_kernels
+from jnova.passes.form_kernels import Kernel, Plan, form_kernels
 from jnova.primitives.executor import step_function
 from jnova.primitives.nova_kernel import KernelHandle
 from jnova.runtime.cache import ARTIFACTS
+from jnova.runtime.dump import StepDump
 from jnova.runtime.hashing import structural_hash
 
 log = logging.getLogger("jnova")
@@ -46,6 +49,12 @@ class Executable:
     texts: dict[str, str]         # stage name -> IR text
     times: dict[str, float] = field(default_factory=dict)
     cache_hit: bool = False
+
+    def stats(self) -> dict:
+        """Kernels, ops, fallbacks, cache hit and compile time per stage of this signature."""
+        fallbacks = [s.attrs["primitive"] for s in self.plan.steps if not isinstance(s, Kernel)]
+        return {"kernels": len(self.plan.kernels), "nova_ops": len(self.program.func.ops),
+                "fallbacks": fallbacks, "cache_hit": self.cache_hit, "compile_s": dict(self.times)}
 
     def as_text(self, stage: str) -> str:
         if stage not in self.texts:
@@ -89,13 +98,20 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, dona
     with _stage(times, "form_kernels"):  # kernels are the runs between fallback ops
         plan = form_kernels(func)
     key = structural_hash(nova_text, program.sites, options.hash_items(), target=options.backend or "cpu")
+    dump = StepDump(func.name, key)
+    dump.write("jaxpr", ".txt", str(captured.jaxpr))
+    dump.write("nova", ".mlir", "module {\n" + nova_text + "\n}\n")
+    dump.write("plan", ".json", json.dumps(describe_plan(plan), indent=1))
     compiled = ARTIFACTS.get(key)
     cache_hit = compiled is not None
     if compiled is None:
         compiled = _compile_kernels(plan, times)
         ARTIFACTS.put(key, compiled)
+    dump.write("linalg", ".mlir", compiled.linalg)
+    dump.write("llvm", ".mlir", compiled.llvm)
     with _stage(times, "jit"):          # the step: kernel binds + fallback ops, planned by XLA
         run = jax.jit(step_function(plan, program.sites, compiled.handles, program.const_args), donate_argnums=donate)
+    dump.write("times", ".json", json.dumps(times, indent=1))
     texts = {"jaxpr": str(captured.jaxpr), "nova": "module {\n" + nova_text + "\n}\n",
              "linalg": compiled.linalg, "llvm": compiled.llvm}
     log.info("jnova compiled %s: %d ops, %d kernels, %d fallbacks%s in %.2f s", func.name, len(func.ops),
@@ -104,10 +120,26 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, dona
     return Executable(run, captured, program, plan, key, texts, times, cache_hit)
 
 
+def describe_plan(plan: Plan) -> list[dict]:
+    """The plan as JSON-able records: each kernel's op counts and I/O types, each fallback's primitive."""
+    steps = []
+    for step in plan.steps:
+        if isinstance(step, Kernel):
+            steps.append({"kernel": step.name, "ops": len(step.ops),
+                          "inputs": [str(v.type) for v in step.inputs], "outputs": [str(v.type) for v in step.outputs]})
+        else:
+            steps.append({"fallback": step.attrs["primitive"], "site": step.attrs["site"]})
+    return steps
+
+
 def _compile_kernels(plan: Plan, times: dict) -> _CompiledKernels:
     with _stage(times, "to_linalg"):    # each kernel becomes a destination-passing func
-        linalg = "module {\n" + "\n".join(kernel_to_linalg(k.name, k.ops, k.inputs, k.outputs) for k in plan.kernels) + "\n}\n"
-    with _stage(times, "lower_cpu"):    # bufferize, loops, LLVM dialect
+        try:
+            linalg = "module {\n" + "\n".join(kernel_to_linalg(k.name, k.ops, k.inputs, k.outputs)
+                                               for k in plan.kernels) + "\n}\n"
+        except LoweringError as e:
+            raise CompileError("to_linalg", str(e)) from None
+    with _stage(times, "lower_cpu"):    # bufferize, loops, LLVM dialect (in the isolated worker)
         llvm = cpu.lower_to_llvm(linalg)
     with _stage(times, "jit_llvm"):     # LLVM ORC JIT through the MLIR ExecutionEngine
         executable = cpu.jit_llvm(llvm)

@@ -58,13 +58,10 @@ def _storage_view(x: np.ndarray) -> np.ndarray:
 
 
 def lower_to_llvm(module_text: str) -> str:
-    """Run the CPU pass pipeline; returns the LLVM-dialect module text."""
-    from mlir import ir, passmanager
+    """Run the CPU pass pipeline (in the isolated worker); returns the LLVM-dialect module text."""
+    from jnova.codegen.worker import run_pipeline
 
-    with _MLIR_LOCK, ir.Context():
-        module = ir.Module.parse(module_text)
-        passmanager.PassManager.parse(CPU_PIPELINE).run(module.operation)
-        return str(module)
+    return run_pipeline("cpu", module_text, stage="lower_cpu")
 
 
 def jit_llvm(llvm_text: str, opt_level: int | None = None) -> CpuExecutable:

@@ -60,6 +60,9 @@ def test_dump_dir_gets_every_stage(tmp_path, monkeypatch):
 
 
 def test_stats_report_kernels_fallbacks_and_stage_times():
+    from jnova.runtime.cache import ARTIFACTS
+
+    ARTIFACTS.clear()  # an earlier test may have compiled the same structure
     rng = np.random.default_rng()
     w, x = rng.standard_normal((5, 3), np.float32), rng.standard_normal((4, 5), np.float32)
     step = jnova.compile(_step)

@@ -1,7 +1,8 @@
 """The jnova compiler, top to bottom: one named call per stage.
 
-    trace -> to_nova -> verify -> canonicalize -> cse -> dce -> form_kernels
-          -> (cache lookup by structural hash) -> kernel_to_linalg -> CPU pass pipeline -> JIT
+    trace -> (persistent cache: restore and stop here on a hit)
+          -> to_nova -> verify -> canonicalize -> cse -> dce -> form_kernels
+          -> (in-memory cache by structural hash) -> kernel_to_linalg -> CPU pass pipeline -> JIT
           -> step function of kernel binds and fallback ops, under jax.jit
 
 `compile_step` returns an `Executable`; `jnova.compile` (api.py) calls it once per new input
@@ -9,6 +10,7 @@ signature and caches the result.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -17,20 +19,23 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import jax
+import numpy as np
 
-from jnova.capture.to_nova import Program, to_nova
+from jnova.capture.to_nova import find_site, large_constants, to_nova
 from jnova.capture.trace import Captured, trace
 from jnova.codegen import cpu
 from jnova.codegen.linalg.lowering import LoweringError, kernel_to_linalg
+from jnova.dialect.types import TensorType
 from jnova.errors import CompileError
 from jnova.options import Options
 from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
-from jnova.passes.form_kernels import Kernel, Plan, form_kernels
+from jnova.passes.form_kernels import Plan, form_kernels, plan_to_json
 from jnova.primitives.executor import step_function
 from jnova.primitives.nova_kernel import KernelHandle
 from jnova.runtime.cache import ARTIFACTS
+from jnova.runtime.disk_cache import open_cache
 from jnova.runtime.dump import StepDump
 from jnova.runtime.hashing import structural_hash
 
@@ -43,18 +48,18 @@ class Executable:
 
     run: Callable                 # jitted: flat args -> flat outputs
     captured: Captured
-    program: Program
-    plan: Plan
+    meta: dict                    # plan (JSON form), fallback sites and reasons, op count
     key: str                      # structural hash
     texts: dict[str, str]         # stage name -> IR text
     times: dict[str, float] = field(default_factory=dict)
-    cache_hit: bool = False
+    cache_hit: str | None = None  # None, "memory" (same structure in this process) or "disk"
 
     def stats(self) -> dict:
         """Kernels, ops, fallbacks, cache hit and compile time per stage of this signature."""
-        fallbacks = [s.attrs["primitive"] for s in self.plan.steps if not isinstance(s, Kernel)]
-        return {"kernels": len(self.plan.kernels), "nova_ops": len(self.program.func.ops),
-                "fallbacks": fallbacks, "cache_hit": self.cache_hit, "compile_s": dict(self.times)}
+        steps = self.meta["plan"]["steps"]
+        return {"kernels": sum("kernel" in s for s in steps), "nova_ops": self.meta["nova_ops"],
+                "fallbacks": [s["fallback"] for s in steps if "fallback" in s], "cache_hit": self.cache_hit,
+                "compile_s": dict(self.times)}
 
     def as_text(self, stage: str) -> str:
         if stage not in self.texts:
@@ -83,6 +88,11 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, dona
     times: dict[str, float] = {}
     with _stage(times, "trace"):        # capture: fwd + bwd + update as one jaxpr
         captured = trace(fn, args, kwargs)
+    disk = open_cache()
+    disk_key = capture_key(captured, options)
+    entry = disk.load(disk_key) if disk else None
+    if entry is not None:               # compiled by an earlier process: skip the nova pipeline
+        return _restore(entry, captured, disk_key, donate, times)
     with _stage(times, "to_nova"):      # one nova function; unknown primitives become fallbacks
         program = to_nova(captured, fallback=options.fallback)
     func = program.func
@@ -94,42 +104,68 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, dona
         cse(func)
     with _stage(times, "dce"):          # drop what the step does not return
         dce(func, keep_sites={i for i, e in enumerate(program.sites) if e.effects})
-    nova_text = func.print()
+    nova_text = "module {\n" + func.print() + "\n}\n"
     with _stage(times, "form_kernels"):  # kernels are the runs between fallback ops
         plan = form_kernels(func)
     key = structural_hash(nova_text, program.sites, options.hash_items(), target=options.backend or "cpu")
-    dump = StepDump(func.name, key)
-    dump.write("jaxpr", ".txt", str(captured.jaxpr))
-    dump.write("nova", ".mlir", "module {\n" + nova_text + "\n}\n")
-    dump.write("plan", ".json", json.dumps(describe_plan(plan), indent=1))
-    compiled = ARTIFACTS.get(key)
+    compiled = ARTIFACTS.get(key)       # a structurally identical step compiled in this process
     cache_hit = compiled is not None
     if compiled is None:
         compiled = _compile_kernels(plan, times)
         ARTIFACTS.put(key, compiled)
-    dump.write("linalg", ".mlir", compiled.linalg)
-    dump.write("llvm", ".mlir", compiled.llvm)
+    plan_json = plan_to_json(plan)
+    texts = {"jaxpr": str(captured.jaxpr), "nova": nova_text, "linalg": compiled.linalg, "llvm": compiled.llvm}
+    meta = {"plan": plan_json, "site_paths": program.site_paths, "fallbacks": program.fallbacks,
+            "nova_ops": len(func.ops)}
+    if disk:
+        disk.store(disk_key, {"meta.json": json.dumps(meta), "nova.mlir": nova_text,
+                              "linalg.mlir": compiled.linalg, "llvm.mlir": compiled.llvm})
     with _stage(times, "jit"):          # the step: kernel binds + fallback ops, planned by XLA
-        run = jax.jit(step_function(plan, program.sites, compiled.handles, program.const_args), donate_argnums=donate)
-    dump.write("times", ".json", json.dumps(times, indent=1))
-    texts = {"jaxpr": str(captured.jaxpr), "nova": "module {\n" + nova_text + "\n}\n",
-             "linalg": compiled.linalg, "llvm": compiled.llvm}
+        run = jax.jit(step_function(plan_json, program.sites, compiled.handles, program.const_args),
+                      donate_argnums=donate)
+    _dump(func.name, key, texts, meta, times)
     log.info("jnova compiled %s: %d ops, %d kernels, %d fallbacks%s in %.2f s", func.name, len(func.ops),
              len(plan.kernels), len(plan.steps) - len(plan.kernels), " (cache hit)" if cache_hit else "",
              sum(times.values()))
-    return Executable(run, captured, program, plan, key, texts, times, cache_hit)
+    return Executable(run, captured, meta, key, texts, times, "memory" if cache_hit else None)
 
 
-def describe_plan(plan: Plan) -> list[dict]:
-    """The plan as JSON-able records: each kernel's op counts and I/O types, each fallback's primitive."""
-    steps = []
-    for step in plan.steps:
-        if isinstance(step, Kernel):
-            steps.append({"kernel": step.name, "ops": len(step.ops),
-                          "inputs": [str(v.type) for v in step.inputs], "outputs": [str(v.type) for v in step.outputs]})
-        else:
-            steps.append({"fallback": step.attrs["primitive"], "site": step.attrs["site"]})
-    return steps
+def capture_key(captured: Captured, options: Options) -> str:
+    """Key of the persistent cache: the jaxpr (structure, shapes, params, literals), the values of
+    small captured constants (they are compiled into kernels), options and versions."""
+    from jnova.capture.to_nova import MAX_INLINE_CONSTANT
+
+    consts = []
+    for c in map(np.asarray, captured.consts):
+        consts.append(f"{c.dtype}{c.shape}" + (hashlib.sha256(c.tobytes()).hexdigest() if c.size <= MAX_INLINE_CONSTANT else ""))
+    return structural_hash(str(captured.jaxpr) + "\n".join(consts), [], options.hash_items(),
+                           target=options.backend or "cpu")
+
+
+def _restore(entry: dict, captured: Captured, key: str, donate, times) -> Executable:
+    """An Executable from a persistent-cache entry: JIT the cached LLVM module, rebind fallbacks."""
+    meta = json.loads(entry["meta.json"])
+    plan_json = meta["plan"]
+    with _stage(times, "jit_llvm"):
+        executable = cpu.jit_llvm(entry["llvm.mlir"])
+    handles = _handles(executable, plan_json)
+    sites = [find_site(captured.jaxpr, tuple(p)) for p in meta["site_paths"]]
+    with _stage(times, "jit"):
+        run = jax.jit(step_function(plan_json, sites, handles, large_constants(captured)), donate_argnums=donate)
+    texts = {"jaxpr": str(captured.jaxpr), "nova": entry["nova.mlir"], "linalg": entry["linalg.mlir"],
+             "llvm": entry["llvm.mlir"]}
+    log.info("jnova restored a compiled step from the persistent cache in %.2f s", sum(times.values()))
+    return Executable(run, captured, meta, key, texts, times, "disk")
+
+
+def _dump(name: str, key: str, texts: dict, meta: dict, times: dict) -> None:
+    dump = StepDump(name, key)
+    dump.write("jaxpr", ".txt", texts["jaxpr"])
+    dump.write("nova", ".mlir", texts["nova"])
+    dump.write("plan", ".json", json.dumps(meta["plan"], indent=1))
+    dump.write("linalg", ".mlir", texts["linalg"])
+    dump.write("llvm", ".mlir", texts["llvm"])
+    dump.write("times", ".json", json.dumps(times, indent=1))
 
 
 def _compile_kernels(plan: Plan, times: dict) -> _CompiledKernels:
@@ -143,9 +179,15 @@ def _compile_kernels(plan: Plan, times: dict) -> _CompiledKernels:
         llvm = cpu.lower_to_llvm(linalg)
     with _stage(times, "jit_llvm"):     # LLVM ORC JIT through the MLIR ExecutionEngine
         executable = cpu.jit_llvm(llvm)
-    handles = {}
-    for k in plan.kernels:
-        out_types = [v.type for v in k.outputs]
-        run = (lambda name, types: lambda *xs: executable.run(name, list(xs), types))(k.name, out_types)
-        handles[k.name] = KernelHandle(k.name, out_types, "cpu", run)
+    handles = _handles(executable, plan_to_json(plan))
     return _CompiledKernels(handles, linalg, llvm)
+
+
+def _handles(executable, plan_json: dict) -> dict[str, KernelHandle]:
+    handles = {}
+    for step in plan_json["steps"]:
+        if "kernel" in step:
+            types = [TensorType(tuple(shape), dtype) for shape, dtype in step["out_types"]]
+            run = (lambda name, types: lambda *xs: executable.run(name, list(xs), types))(step["kernel"], types)
+            handles[step["kernel"]] = KernelHandle(step["kernel"], types, "cpu", run)
+    return handles

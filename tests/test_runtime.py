@@ -56,7 +56,7 @@ def test_dump_dir_gets_every_stage(tmp_path, monkeypatch):
     files = sorted(os.listdir(tmp_path / step_dir))
     assert [f.split("_", 1)[1] for f in files] == ["jaxpr.txt", "nova.mlir", "plan.json", "linalg.mlir", "llvm.mlir", "times.json"]
     assert "nova.matmul" in (tmp_path / step_dir / files[1]).read_text()
-    assert json.loads((tmp_path / step_dir / files[2]).read_text())[0]["kernel"] == "kernel_0"
+    assert json.loads((tmp_path / step_dir / files[2]).read_text())["steps"][0]["kernel"] == "kernel_0"
 
 
 def test_stats_report_kernels_fallbacks_and_stage_times():

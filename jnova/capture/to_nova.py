@@ -52,6 +52,7 @@ class Program:
     const_args: list[np.ndarray]
     num_user_args: int
     fallbacks: dict[str, str] = field(default_factory=dict)  # primitive -> reason
+    site_paths: list[tuple[int, ...]] = field(default_factory=list)  # where each site is in the jaxpr
 
 
 Rule = Callable[..., "Value | list[Value]"]
@@ -113,7 +114,7 @@ def to_nova(captured: Captured, *, fallback: str = "xla", name: str = "step") ->
     if fallback not in ("xla", "error"):
         raise ValueError(f"fallback must be 'xla' or 'error', got {fallback!r}")
     consts = [np.asarray(c) for c in captured.consts]
-    big = [c for c in consts if c.size > MAX_INLINE_CONSTANT]
+    big = large_constants(captured)
     arg_types = [TensorType.of(a) for a in captured.in_avals] + [TensorType.of(c) for c in big]
     func = Func(name, arg_types)
     conv = _Converter(func, fallback)
@@ -125,7 +126,19 @@ def to_nova(captured: Captured, *, fallback: str = "xla", name: str = "step") ->
             env_consts.append(conv.b.constant(c, dtype_name(c.dtype), c.shape))
     outs = conv.convert(captured.jaxpr, env_consts + func.args[: len(captured.in_avals)])
     func.returns = outs
-    return Program(func, conv.sites, big, len(captured.in_avals), conv.fallbacks)
+    return Program(func, conv.sites, big, len(captured.in_avals), conv.fallbacks, conv.site_paths)
+
+
+def large_constants(captured: Captured) -> list[np.ndarray]:
+    """The captured constants passed to the compiled step as arguments rather than embedded."""
+    return [c for c in map(np.asarray, captured.consts) if c.size > MAX_INLINE_CONSTANT]
+
+
+def find_site(jaxpr, path: tuple[int, ...]):
+    """The equation at `path` (equation indices through inlined call primitives) of `jaxpr`."""
+    for i in path[:-1]:
+        jaxpr = _inner_jaxpr(jaxpr.eqns[i])[0]
+    return jaxpr.eqns[path[-1]]
 
 
 class _Converter:
@@ -133,13 +146,17 @@ class _Converter:
         self.b = Builder(func)
         self.fallback = fallback
         self.sites: list = []
+        self.site_paths: list[tuple[int, ...]] = []
+        self.path: list[int] = []
         self.fallbacks: dict[str, str] = {}
 
     def convert(self, jaxpr, in_values: list[Value]) -> list[Value]:
         env: dict = dict(zip(jaxpr.constvars + jaxpr.invars, in_values))
-        for eqn in jaxpr.eqns:
+        for i, eqn in enumerate(jaxpr.eqns):
             operands = [self.read(env, v) for v in eqn.invars]
+            self.path.append(i)
             outs = self.convert_eqn(eqn, operands)
+            self.path.pop()
             for var, val in zip(eqn.outvars, outs):
                 if not isinstance(var, jex_core.DropVar):
                     env[var] = val
@@ -184,6 +201,7 @@ class _Converter:
                 + (f" (first use at {where})" if where else ""), stacklevel=2)
         site = len(self.sites)
         self.sites.append(eqn)
+        self.site_paths.append(tuple(self.path))
         types = [TensorType.of(v.aval) for v in eqn.outvars]
         return self.b.op(FallbackOp.name, operands, types, primitive=name, site=site).results
 

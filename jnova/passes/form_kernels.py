@@ -65,3 +65,23 @@ def form_kernels(func: Func) -> Plan:
         if outputs:
             plan.steps.append(Kernel(f"kernel_{len(plan.kernels)}", run, inputs, outputs))
     return plan
+
+
+def plan_to_json(plan: Plan) -> dict:
+    """The plan with values as integer ids (arguments first, then op results in program order).
+
+    This is what the executor runs and what the persistent cache stores: it needs no nova IR.
+    """
+    ids: dict[Value, int] = {v: i for i, v in enumerate(plan.func.args)}
+    for op in plan.func.ops:
+        for r in op.results:
+            ids[r] = len(ids)
+    steps = []
+    for step in plan.steps:
+        if isinstance(step, Kernel):
+            steps.append({"kernel": step.name, "in": [ids[v] for v in step.inputs], "out": [ids[v] for v in step.outputs],
+                          "out_types": [[list(v.type.shape), v.type.dtype] for v in step.outputs]})
+        else:
+            steps.append({"fallback": step.attrs["primitive"], "site": step.attrs["site"],
+                          "in": [ids[v] for v in step.operands], "out": [ids[v] for v in step.results]})
+    return {"num_args": len(plan.func.args), "steps": steps, "returns": [ids[v] for v in plan.func.returns]}

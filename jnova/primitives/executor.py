@@ -1,34 +1,29 @@
-"""The compiled step as a JAX function: kernel binds and fallback ops in plan order."""
+"""The compiled step as a JAX function: kernel binds and fallback ops in plan order.
+
+It runs the JSON form of the plan (`passes.form_kernels.plan_to_json`), so a step restored from the
+persistent cache runs without any nova IR.
+"""
 from __future__ import annotations
 
 from typing import Callable
 
-from jnova.dialect.ir import Value
-from jnova.passes.form_kernels import Kernel, Plan
 from jnova.primitives.nova_kernel import KernelHandle, nova_kernel_p
 
 
-def step_function(plan: Plan, sites: list, handles: dict[str, KernelHandle], const_args: list) -> Callable:
+def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], const_args: list) -> Callable:
     """A function of the step's flat arguments returning its flat outputs (to be jitted)."""
-    func = plan.func
 
     def run(*flat_args):
-        env: dict[Value, object] = dict(zip(func.args, list(flat_args) + list(const_args)))
-        for step in plan.steps:
-            if isinstance(step, Kernel):
-                outs = nova_kernel_p.bind(*[env[v] for v in step.inputs], kernel=handles[step.name])
-                env.update(zip(step.outputs, outs))
+        env: dict[int, object] = dict(enumerate(list(flat_args) + list(const_args)))
+        for step in plan["steps"]:
+            ins = [env[i] for i in step["in"]]
+            if "kernel" in step:
+                outs = nova_kernel_p.bind(*ins, kernel=handles[step["kernel"]])
             else:  # a fallback op: the original JAX equation, bound as XLA would run it
-                eqn = sites[step.attrs["site"]]
-                outs = eqn.primitive.bind(*[env[v] for v in step.operands], **eqn.params)
+                eqn = sites[step["site"]]
+                outs = eqn.primitive.bind(*ins, **eqn.params)
                 outs = outs if eqn.primitive.multiple_results else [outs]
-                env.update(zip(step.results, outs))
-        return [_materialize(env, v) for v in func.returns]
+            env.update(zip(step["out"], outs))
+        return [env[i] for i in plan["returns"]]
 
     return run
-
-
-def _materialize(env, v: Value):
-    if v in env:
-        return env[v]
-    raise KeyError(f"jnova internal error: returned value {v} was never computed")

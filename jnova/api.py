@@ -15,7 +15,7 @@ log = logging.getLogger("jnova")
 
 def compile(fn: Callable, *, mixed_precision: str | None = None, backend: str | None = None,
             fallback: str = "xla", bucket_bytes: int = 25 * 2**20, target: str | None = None,
-            donate_argnums: int | Sequence[int] = ()) -> "CompiledStep":
+            donate_argnums: int | Sequence[int] = (), kernels: str = "auto") -> "CompiledStep":
     """Compile a JAX training step with jnova; returns a callable with `fn`'s signature.
 
     Args:
@@ -28,11 +28,13 @@ def compile(fn: Callable, *, mixed_precision: str | None = None, backend: str | 
       bucket_bytes: gradient bucket size for data-parallel steps.
       target: a GPU name ("h200", ...) to compile ahead of time without a GPU.
       donate_argnums: positional arguments whose buffers the step may reuse (as in `jax.jit`).
+      kernels: "auto"; "fused" compiles one kernel per fusion group (the GPU's plan; on the CPU this
+        tests the fusion plan), "segments" one kernel per run of ops between fallbacks (the CPU's).
     """
     if not callable(fn):
         raise TypeError(f"jnova.compile expects a callable, got {type(fn).__name__}")
     options = Options(mixed_precision=mixed_precision, backend=backend, fallback=fallback,
-                      bucket_bytes=bucket_bytes, target=target)
+                      bucket_bytes=bucket_bytes, target=target, kernels=kernels)
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     return CompiledStep(fn, options, donate)
 

@@ -1,7 +1,7 @@
 """The jnova compiler, top to bottom: one named call per stage.
 
     trace -> (persistent cache: restore and stop here on a hit)
-          -> to_nova -> verify -> canonicalize -> cse -> dce -> form_kernels
+          -> to_nova -> verify -> canonicalize -> cse -> dce -> fuse -> form_kernels
           -> (in-memory cache by structural hash) -> kernel_to_linalg -> CPU pass pipeline -> JIT
           -> step function of kernel binds and fallback ops, under jax.jit
 
@@ -31,7 +31,8 @@ from jnova.options import Options
 from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
-from jnova.passes.form_kernels import Plan, form_kernels, plan_to_json
+from jnova.passes.form_kernels import Plan, form_kernels, kernels_from_fusion, plan_to_json
+from jnova.passes.fuse import fuse
 from jnova.primitives.executor import step_function
 from jnova.primitives.nova_kernel import KernelHandle
 from jnova.runtime.cache import ARTIFACTS
@@ -105,8 +106,10 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, dona
     with _stage(times, "dce"):          # drop what the step does not return
         dce(func, keep_sites={i for i, e in enumerate(program.sites) if e.effects})
     nova_text = "module {\n" + func.print() + "\n}\n"
-    with _stage(times, "form_kernels"):  # kernels are the runs between fallback ops
-        plan = form_kernels(func)
+    with _stage(times, "fuse"):         # fusion groups, with a reason for every refused fusion
+        fusion = fuse(func)
+    with _stage(times, "form_kernels"):  # CPU: a kernel per run between fallbacks; GPU: per group
+        plan = kernels_from_fusion(func, fusion.groups) if options.kernels == "fused" else form_kernels(func)
     key = structural_hash(nova_text, program.sites, options.hash_items(), target=options.backend or "cpu")
     compiled = ARTIFACTS.get(key)       # a structurally identical step compiled in this process
     cache_hit = compiled is not None
@@ -116,7 +119,7 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, dona
     plan_json = plan_to_json(plan)
     texts = {"jaxpr": str(captured.jaxpr), "nova": nova_text, "linalg": compiled.linalg, "llvm": compiled.llvm}
     meta = {"plan": plan_json, "site_paths": program.site_paths, "fallbacks": program.fallbacks,
-            "nova_ops": len(func.ops)}
+            "nova_ops": len(func.ops), "refused_fusions": fusion.refused}
     if disk:
         disk.store(disk_key, {"meta.json": json.dumps(meta), "nova.mlir": nova_text,
                               "linalg.mlir": compiled.linalg, "llvm.mlir": compiled.llvm})
@@ -163,6 +166,7 @@ def _dump(name: str, key: str, texts: dict, meta: dict, times: dict) -> None:
     dump.write("jaxpr", ".txt", texts["jaxpr"])
     dump.write("nova", ".mlir", texts["nova"])
     dump.write("plan", ".json", json.dumps(meta["plan"], indent=1))
+    dump.write("fusion", ".txt", "\n".join(meta["refused_fusions"]) + "\n")
     dump.write("linalg", ".mlir", texts["linalg"])
     dump.write("llvm", ".mlir", texts["llvm"])
     dump.write("times", ".json", json.dumps(times, indent=1))

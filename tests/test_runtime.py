@@ -54,9 +54,10 @@ def test_dump_dir_gets_every_stage(tmp_path, monkeypatch):
     jnova.compile(_step)(w, x)
     (step_dir,) = [d for d in os.listdir(tmp_path) if d.startswith("0")]
     files = sorted(os.listdir(tmp_path / step_dir))
-    assert [f.split("_", 1)[1] for f in files] == ["jaxpr.txt", "nova.mlir", "plan.json", "linalg.mlir", "llvm.mlir", "times.json"]
+    assert [f.split("_", 1)[1] for f in files] == ["jaxpr.txt", "nova.mlir", "plan.json", "fusion.txt", "linalg.mlir", "llvm.mlir", "times.json"]
     assert "nova.matmul" in (tmp_path / step_dir / files[1]).read_text()
     assert json.loads((tmp_path / step_dir / files[2]).read_text())["steps"][0]["kernel"] == "kernel_0"
+    assert "cannot fuse" in (tmp_path / step_dir / files[3]).read_text()
 
 
 def test_stats_report_kernels_fallbacks_and_stage_times():

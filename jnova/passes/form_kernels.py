@@ -85,3 +85,35 @@ def plan_to_json(plan: Plan) -> dict:
             steps.append({"fallback": step.attrs["primitive"], "site": step.attrs["site"],
                           "in": [ids[v] for v in step.operands], "out": [ids[v] for v in step.results]})
     return {"num_args": len(plan.func.args), "steps": steps, "returns": [ids[v] for v in plan.func.returns]}
+
+
+def kernels_from_fusion(func: Func, groups) -> Plan:
+    """One kernel per fusion group (the GPU plan); fallback ops stay XLA ops.
+
+    A value is a kernel output when some op outside the group reads it without having its own copy
+    of the defining op (constants and broadcasts are recomputed per group), or when it is returned.
+    """
+    returned = set(func.returns)
+    members = [set(g.ops) for g in groups]
+    readers: dict[Value, list[int]] = {}
+    for gi, g in enumerate(groups):
+        for op in g.ops:
+            for v in op.operands:
+                readers.setdefault(v, []).append(gi)
+    plan = Plan(func)
+    for gi, g in enumerate(groups):
+        if g.kind == "fallback":
+            plan.steps.append(g.ops[0])
+            continue
+        defined = {r for op in g.ops for r in op.results}
+        inputs, seen = [], set()
+        for op in g.ops:
+            for v in op.operands:
+                if v not in defined and v not in seen:
+                    seen.add(v)
+                    inputs.append(v)
+        outputs = [r for op in g.ops for r in op.results
+                   if r in returned or any(gj != gi and op not in members[gj] for gj in readers.get(r, ()))]
+        if outputs:
+            plan.steps.append(Kernel(f"kernel_{len(plan.kernels)}", g.ops, inputs, outputs))
+    return plan

@@ -1,0 +1,137 @@
+"""Fusion grouping: kernel counts for canonical patterns, refusal reasons, numerics of the grouped plan."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jnova.capture.to_nova import to_nova
+from jnova.capture.trace import trace
+from jnova.passes.canonicalize import canonicalize
+from jnova.passes.cse import cse
+from jnova.passes.dce import dce
+from jnova.passes.fuse import fuse
+from jnova.passes.form_kernels import kernels_from_fusion
+
+
+def _fusion(fn, *args):
+    program = to_nova(trace(fn, args, {}), fallback="error")
+    func = program.func
+    canonicalize(func)
+    cse(func)
+    dce(func)
+    return func, fuse(func)
+
+
+def _f32(*shape):
+    return np.random.default_rng().standard_normal(shape, np.float32)
+
+
+def test_linear_bias_gelu_is_one_kernel():
+    func, fusion = _fusion(lambda x, w, b: jax.nn.gelu(x @ w + b), _f32(8, 16), _f32(16, 32), _f32(32))
+    assert fusion.kernel_count() == 1
+    (group,) = fusion.groups
+    assert group.kind == "contraction" and {"nova.matmul", "nova.tanh", "nova.add"} <= {o.name for o in group.ops}
+
+
+def test_linear_bias_residual_is_one_kernel():
+    func, fusion = _fusion(lambda x, w, b, r: x @ w + b + r, _f32(8, 16), _f32(16, 32), _f32(32), _f32(8, 32))
+    assert fusion.kernel_count() == 1
+
+
+def test_no_fusion_into_a_contraction_body():
+    func, fusion = _fusion(lambda x, w: jnp.tanh(x) @ w, _f32(8, 16), _f32(16, 4))
+    assert fusion.kernel_count() == 2
+    assert any("no fusion into a contraction's body" in r for r in fusion.refused)
+
+
+def test_two_uses_are_refused_with_a_reason():
+    func, fusion = _fusion(lambda x: (jnp.exp(x) + 1.0, jnp.exp(x) * 2.0), _f32(64))
+    # exp(x) has two user kernels after CSE: it is its own kernel, each consumer another
+    assert fusion.kernel_count() == 3
+    assert any(r.startswith("cannot fuse exp into") and "2 user kernels" in r for r in fusion.refused)
+
+
+def test_softmax_rows_group_around_reductions():
+    func, fusion = _fusion(lambda x: jax.nn.softmax(x, axis=-1), _f32(16, 128))
+    kinds = [g.kind for g in fusion.groups]
+    # max (with its epilogue), exp(x - max) (two user kernels: materialized), its sum, the division.
+    # Fewer kernels need softmax raised to a first-class op, not a looser fusion rule.
+    assert kinds == ["reduction", "elementwise", "reduction", "elementwise"]
+    assert any("cannot fuse exp into reduce: 2 user kernels" in r for r in fusion.refused)
+
+
+def test_elementwise_chain_is_one_kernel():
+    func, fusion = _fusion(lambda x, y: jnp.tanh(x * 2.0 + y) - jnp.sin(y) ** 2, _f32(33, 7), _f32(33, 7))
+    # y feeds two ops, but it is an argument: the whole chain is one kernel
+    assert fusion.kernel_count() == 1
+
+
+def _grouped_run(fn, *args):
+    """Run `fn` through the CPU backend with one kernel per fusion group (the GPU plan)."""
+    import jnova
+
+    step = jnova.compile(fn, backend="cpu", kernels="fused")
+    return step(*args), step.stats()[0]["kernels"]
+
+
+@pytest.mark.parametrize("fn,shapes,kernels", [
+    (lambda x, w, b, r: jax.nn.gelu(x @ w + b) + r, [(8, 16), (16, 32), (32,), (8, 32)], 1),
+    (lambda x: jax.nn.softmax(x, axis=-1), [(16, 128)], 4),
+    (lambda x, y: (jnp.exp(x) + y, jnp.exp(x) * y), [(64,), (64,)], 3),
+    (lambda x, w: (jnp.tanh(x) @ w).sum(0), [(8, 16), (16, 4)], 3),
+])
+def test_grouped_plan_matches_jit(fn, shapes, kernels):
+    args = [_f32(*s) for s in shapes]
+    got, count = _grouped_run(fn, *args)
+    assert count == kernels
+    want = jax.jit(fn)(*args)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+
+
+@pytest.mark.slow
+def test_transformer_training_step_in_fused_plan_matches_jit():
+    """A GPT-style step (attention, LayerNorm, GELU, tied embedding, SGD with momentum) run
+    kernel-per-group. (AdamW would turn the key-bias gradient, which softmax's shift invariance
+    makes zero up to rounding, into +-lr updates whose signs are rounding noise.)"""
+    import flax.linen as nn
+    import optax
+
+    import jnova
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            b, t, d = x.shape
+            qkv = nn.Dense(3 * d)(nn.LayerNorm()(x)).reshape(b, t, 3, 4, d // 4)
+            a = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)
+            x = x + nn.Dense(d)(a.reshape(b, t, d))
+            return x + nn.Dense(d)(nn.gelu(nn.Dense(4 * d)(nn.LayerNorm()(x))))
+
+    class Tiny(nn.Module):
+        @nn.compact
+        def __call__(self, ids):
+            emb = nn.Embed(97, 32)
+            x = emb(ids)
+            for _ in range(2):
+                x = Block()(x)
+            return emb.attend(nn.LayerNorm()(x))
+
+    rng = np.random.default_rng()
+    ids = jnp.asarray(rng.integers(0, 97, (2, 17)), jnp.int32)
+    model, opt = Tiny(), optax.sgd(0.1, momentum=0.9)
+    params = model.init(jax.random.key(int(rng.integers(1 << 30))), ids[:, :-1])
+    state = opt.init(params)
+
+    def step(params, state, ids):
+        def loss(p):
+            logits = model.apply(p, ids[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, ids[:, 1:]).mean()
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, value
+
+    compiled = jnova.compile(step, kernels="fused")
+    got = compiled(params, state, ids)
+    want = jax.jit(step)(params, state, ids)
+    assert compiled.stats()[0]["kernels"] > 50
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)

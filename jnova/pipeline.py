@@ -1,7 +1,7 @@
 """The jnova compiler, top to bottom: one named call per stage.
 
     trace -> (persistent cache: restore and stop here on a hit)
-          -> to_nova -> verify -> canonicalize -> cse -> dce -> fuse -> form_kernels
+          -> to_nova -> verify -> canonicalize -> cse -> (mixed precision) -> dce -> fuse -> form_kernels
           -> (in-memory cache by structural hash) -> kernel_to_linalg -> CPU pass pipeline -> JIT
           -> step function of kernel binds and fallback ops, under jax.jit
 
@@ -33,6 +33,7 @@ from jnova.passes.cse import cse
 from jnova.passes.dce import dce
 from jnova.passes.form_kernels import Plan, form_kernels, kernels_from_fusion, plan_to_json
 from jnova.passes.fuse import fuse
+from jnova.passes.mixed_precision import demote_contractions
 from jnova.primitives.executor import step_function
 from jnova.primitives.nova_kernel import KernelHandle
 from jnova.runtime.cache import ARTIFACTS
@@ -103,6 +104,9 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, dona
         canonicalize(func)
     with _stage(times, "cse"):          # JAX repeats constants and broadcasts; merge them
         cse(func)
+    if options.mixed_precision == "bf16":
+        with _stage(times, "mixed_precision"):  # opt-in: contraction operands in bf16, f32 accumulate
+            demote_contractions(func)
     with _stage(times, "dce"):          # drop what the step does not return
         dce(func, keep_sites={i for i, e in enumerate(program.sites) if e.effects})
     nova_text = "module {\n" + func.print() + "\n}\n"

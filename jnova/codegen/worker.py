@@ -10,6 +10,7 @@ Usage as a command: `python -m jnova.codegen.worker PIPELINE INPUT.mlir` prints 
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import struct
@@ -51,6 +52,7 @@ class _Worker:
 
     def request(self, pipeline: str, text: str) -> dict:
         if self.proc is None or self.proc.poll() is not None:
+            self.close()
             self.start()
         payload = json.dumps({"pipeline": pipeline, "module": text}).encode()
         try:
@@ -64,12 +66,31 @@ class _Worker:
             self.stderr.seek(0)
             tail = self.stderr.read().decode(errors="replace")[-2000:]
             code = self.proc.returncode
-            self.proc = None
+            self.close()
             return {"ok": False, "crashed": True, "error": f"MLIR aborted (exit code {code}):\n{tail}"}
         return reply
 
 
+    def close(self):
+        """Stop the worker (it exits when its input closes)."""
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:  # the pipe is broken when the worker died
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc.stdout.close()
+        if self.stderr is not None:
+            self.stderr.close()
+        self.proc = self.stderr = None
+
+
 _WORKER = _Worker()
+atexit.register(_WORKER.close)
 
 
 def run_pipeline(pipeline: str, text: str, stage: str) -> str:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from jnova.dialect.types import TensorType, mlir_element, numpy_dtype
+from jnova.dialect.types import FLOAT_DTYPES, TensorType, mlir_element, numpy_dtype
 
 
 class VerifyError(ValueError):
@@ -23,9 +24,13 @@ class VerifyError(ValueError):
 
 # --------------------------------------------------------------------------- attributes
 class AttrKind:
-    """How an attribute's Python value prints as MLIR (and which IRDL base it has)."""
+    """How an attribute's Python value prints as MLIR (and which IRDL base it has).
+
+    `expected` says in words what a value of this kind is, for verifier messages.
+    """
 
     irdl_base: ClassVar[str]
+    expected: ClassVar[str]
 
     @staticmethod
     def check(value) -> bool:
@@ -38,6 +43,7 @@ class AttrKind:
 
 class I64(AttrKind):
     irdl_base = "#builtin.integer"
+    expected = "an integer (i64)"
 
     @staticmethod
     def check(value):
@@ -50,6 +56,7 @@ class I64(AttrKind):
 
 class Bool(AttrKind):
     irdl_base = "#builtin.integer"
+    expected = "a bool"
 
     @staticmethod
     def check(value):
@@ -62,6 +69,7 @@ class Bool(AttrKind):
 
 class F64(AttrKind):
     irdl_base = "#builtin.float"
+    expected = "a float (f64)"
 
     @staticmethod
     def check(value):
@@ -74,6 +82,7 @@ class F64(AttrKind):
 
 class Str(AttrKind):
     irdl_base = "#builtin.string"
+    expected = "a string"
 
     @staticmethod
     def check(value):
@@ -81,12 +90,12 @@ class Str(AttrKind):
 
     @staticmethod
     def print(value):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        return f'"{escaped}"'
+        return print_string(value)
 
 
 class I64Array(AttrKind):
     irdl_base = "#builtin.dense_array"
+    expected = "a tuple of integers (array<i64>)"
 
     @staticmethod
     def check(value):
@@ -101,6 +110,7 @@ class Dense(AttrKind):
     """A constant tensor, held as a NumPy array of the op's result type."""
 
     irdl_base = "#builtin.dense_int_or_fp_elements"
+    expected = "a NumPy array of the result type (dense elements)"
 
     @staticmethod
     def check(value):
@@ -111,11 +121,29 @@ class Dense(AttrKind):
         raise TypeError("Dense attributes print with their type: use print_dense")
 
 
+def print_string(value: str) -> str:
+    """An MLIR string literal: printable ASCII as is, everything else as `\\XX` escapes of its UTF-8 bytes."""
+    out = []
+    for byte in value.encode("utf-8"):
+        ch = chr(byte)
+        if ch in '"\\' or not 0x20 <= byte < 0x7F:
+            out.append("\\%02X" % byte)
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def format_float(x: float, element: str) -> str:
-    """A float literal MLIR reads back bit-exactly (hex bit pattern for non-finite values)."""
+    """A float literal MLIR reads back bit-exactly (hex bit pattern for non-finite values).
+
+    MLIR's float literals need a '.', so `1e-05` is spelled `1.0e-05`.
+    """
     if math.isfinite(x):
         text = repr(float(x))
-        return text if ("e" in text or "." in text) else text + ".0"
+        if "." in text:
+            return text
+        mantissa, e, exponent = text.partition("e")
+        return f"{mantissa}.0{e}{exponent}"
     if element == "f64":
         return "0x%016X" % struct.unpack("<Q", struct.pack("<d", x))[0]
     bits = np.array([x], dtype=numpy_dtype({"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[element]))
@@ -125,20 +153,27 @@ def format_float(x: float, element: str) -> str:
 def print_dense(value: np.ndarray, ttype: TensorType) -> str:
     element = mlir_element(ttype.dtype)
     flat = np.ascontiguousarray(np.asarray(value, dtype=numpy_dtype(ttype.dtype)).reshape(-1))
-    if flat.size > 0 and (flat.view(np.uint8).reshape(flat.size, -1) == flat.view(np.uint8).reshape(flat.size, -1)[0]).all():
-        body = _scalar_literal(flat[0], ttype.dtype, element)
+    if flat.size == 0:
+        return f"dense<> : {ttype.mlir()}"
+    by_element = flat.view(np.uint8).reshape(flat.size, -1)
+    if (by_element == by_element[0]).all():
+        body = _scalar_literal(flat[:1], ttype.dtype, element)
     elif ttype.dtype == "bool":
-        body = _nested(np.asarray(value).reshape(ttype.shape), lambda v: "true" if v else "false")
+        body = _nested(flat.reshape(ttype.shape), lambda v: "true" if v else "false")
     else:
         body = '"0x' + flat.tobytes().hex().upper() + '"'
     return f"dense<{body}> : {ttype.mlir()}"
 
 
-def _scalar_literal(v, dtype: str, element: str) -> str:
+def _scalar_literal(one: np.ndarray, dtype: str, element: str) -> str:
+    """The literal of the single element of `one` (non-finite floats as their own bit pattern)."""
+    v = one[0]
     if dtype == "bool":
         return "true" if bool(v) else "false"
-    if element.startswith("f") or element == "bf16":
-        return format_float(float(v), element)
+    if dtype in FLOAT_DTYPES:
+        if math.isfinite(float(v)):
+            return format_float(float(v), element)
+        return "0x%0*X" % (one.itemsize * 2, int(one.view(f"u{one.itemsize}")[0]))
     return str(int(v))
 
 
@@ -213,27 +248,42 @@ class Op:
         where = f" at {self.loc}" if self.loc else ""
         return VerifyError(f"'{self.name}' op{where}: {message}")
 
+    def operand_label(self, i: int) -> str:
+        """How verifier messages name operand `i`: `operand 'rhs'` or `operand 'cases' #2`."""
+        return f"operand {_label(self._fixed_names(), self.operands_spec, i)}"
+
+    def result_label(self, i: int) -> str:
+        fixed = [n for n in self.results_spec if not n.startswith("*")]
+        return f"result {_label(fixed, self.results_spec, i)}"
+
     # -- verification
     def verify(self) -> None:
         """Structural checks common to all ops, then the op's own `verify_`."""
-        fixed = self._fixed_names()
-        variadic = len(fixed) != len(self.operands_spec)
-        if len(self.operands) < len(fixed) or (not variadic and len(self.operands) != len(fixed)):
-            want = f"at least {len(fixed)}" if variadic else str(len(fixed))
-            raise self.error(f"expected {want} operands ({', '.join(self.operands_spec)}), got {len(self.operands)}")
-        fixed_results = [n for n in self.results_spec if not n.startswith("*")]
-        variadic_results = len(fixed_results) != len(self.results_spec)
-        if len(self.results) < len(fixed_results) or (not variadic_results and len(self.results) != len(fixed_results)):
-            raise self.error(f"expected {len(fixed_results)} results, got {len(self.results)}")
+        self._verify_counts("operand", self.operands, self.operands_spec)
+        self._verify_counts("result", self.results, self.results_spec)
+        for i, v in enumerate(self.operands):
+            if not isinstance(v, Value) or not isinstance(v.type, TensorType):
+                raise self.error(f"{self.operand_label(i)} is {v!r}, expected a nova Value of tensor type")
+        for i, r in enumerate(self.results):
+            if not isinstance(r, Value) or not isinstance(r.type, TensorType):
+                raise self.error(f"{self.result_label(i)} is {r!r}, expected a nova Value of tensor type")
         for key, kind in self.attributes.items():
             if key not in self.attrs:
-                raise self.error(f"missing attribute '{key}'")
+                raise self.error(f"missing attribute '{key}' (expected {kind.expected})")
             if not kind.check(self.attrs[key]):
-                raise self.error(f"attribute '{key}' must be {kind.__name__}, got {self.attrs[key]!r}")
+                raise self.error(f"attribute '{key}' must be {kind.expected}, got {_short(self.attrs[key])}")
         unknown = set(self.attrs) - set(self.attributes)
         if unknown:
-            raise self.error(f"unknown attributes {sorted(unknown)}")
+            raise self.error(f"unknown attributes {sorted(unknown)} (expected only {sorted(self.attributes)})")
         self.verify_()
+
+    def _verify_counts(self, what: str, values: list, spec: tuple[str, ...]) -> None:
+        fixed = [n for n in spec if not n.startswith("*")]
+        variadic = len(fixed) != len(spec)
+        if len(values) < len(fixed) or (not variadic and len(values) != len(fixed)):
+            want = f"at least {len(fixed)}" if variadic else str(len(fixed))
+            names = f" ({', '.join(spec)})" if spec else ""
+            raise self.error(f"expected {want} {what}s{names}, got {len(values)}")
 
     def verify_(self) -> None:
         """Op-specific checks; raise `self.error(...)` naming the operand and what was expected."""
@@ -242,15 +292,34 @@ class Op:
         return f"<{self.name} {len(self.operands)} -> {[str(r.type) for r in self.results]}>"
 
 
+def _label(fixed: list[str], spec: tuple[str, ...], i: int) -> str:
+    if i < len(fixed):
+        return f"'{fixed[i]}'"
+    variadic = [n for n in spec if n.startswith("*")]
+    return f"'{variadic[0][1:]}' #{i - len(fixed)}" if variadic else f"#{i}"
+
+
+def _short(value, limit: int = 80) -> str:
+    if isinstance(value, np.ndarray):
+        return f"a {value.dtype} array of shape {value.shape}"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 # --------------------------------------------------------------------------- functions
 class Func:
-    """A single-block function: arguments, ops in program order, returned values."""
+    """A single-block function: arguments, ops in program order, returned values.
 
-    def __init__(self, name: str, arg_types, ops=None, returns=None):
+    `result_types`, when given (the parser takes it from the signature), is what the function
+    declares it returns; `verify` checks the returned values against it.
+    """
+
+    def __init__(self, name: str, arg_types, ops=None, returns=None, result_types=None):
         self.name = name
         self.args: list[Value] = [Value(t, None, i) for i, t in enumerate(arg_types)]
         self.ops: list[Op] = list(ops or [])
         self.returns: list[Value] = list(returns or [])
+        self.result_types: list[TensorType] | None = None if result_types is None else list(result_types)
 
     def add(self, op: Op) -> Op:
         self.ops.append(op)
@@ -270,17 +339,56 @@ class Func:
         return users
 
     def verify(self) -> None:
-        """Every operand is defined before use, and every op passes its own verifier."""
+        """Structure, then every op's own verifier.
+
+        Every value is used only inside the function that defines it and after its definition;
+        each op appears once and owns its results; the returned values match `result_types`.
+        """
+        where = f"func @{self.name}"
+        for i, a in enumerate(self.args):
+            if not isinstance(a, Value) or a.owner is not None or a.index != i:
+                raise VerifyError(f"{where}: argument #{i} is {a!r}, expected a function argument with index {i}")
+        position: dict[Op, int] = {}
+        for k, op in enumerate(self.ops):
+            if op in position:
+                raise op.error(f"appears twice in {where} (ops #{position[op]} and #{k})")
+            position[op] = k
         defined = set(self.args)
         for op in self.ops:
             for i, v in enumerate(op.operands):
                 if v not in defined:
-                    raise op.error(f"operand #{i} is used before it is defined (or belongs to another function)")
+                    raise op.error(f"{op.operand_label(i)} {self._why_undefined(v, position)}")
+            for j, r in enumerate(op.results):
+                if not isinstance(r, Value) or r.owner is not op or r.index != j:
+                    raise op.error(f"{op.result_label(j)} is {r!r}, expected a value owned by this op with index {j}")
             op.verify()
             defined.update(op.results)
         for i, v in enumerate(self.returns):
             if v not in defined:
-                raise VerifyError(f"func @{self.name}: returned value #{i} is not defined in the function")
+                raise VerifyError(f"{where}: returned value #{i} {self._why_undefined(v, position)}")
+        self._verify_result_types()
+
+    def _why_undefined(self, v, position: dict) -> str:
+        if not isinstance(v, Value):
+            return f"is {v!r}, expected a nova Value"
+        if v.owner is None:
+            return f"is argument #{v.index} of another function, expected a value defined in func @{self.name}"
+        if v.owner in position:
+            return (f"is used before it is defined (by '{v.owner.name}' op #{position[v.owner]}); "
+                    "expected ops in def-before-use order")
+        return (f"is a result of a '{v.owner.name}' op that is not in func @{self.name} "
+                "(another function's, or a removed op's); expected a value defined in this function")
+
+    def _verify_result_types(self) -> None:
+        if self.result_types is None:
+            return
+        if len(self.returns) != len(self.result_types):
+            raise VerifyError(f"func @{self.name}: returns {len(self.returns)} values, expected "
+                              f"{len(self.result_types)} from its signature")
+        for i, (v, t) in enumerate(zip(self.returns, self.result_types)):
+            if v.type != t:
+                raise VerifyError(f"func @{self.name}: returned value #{i} has type {v.type}, expected {t} "
+                                  "from the function signature")
 
     def print(self) -> str:
         return print_func(self)
@@ -290,7 +398,10 @@ class Func:
 
 
 def print_func(func: Func) -> str:
-    """MLIR text of `func` as `func.func`, nova ops in generic form, values numbered like MLIR."""
+    """MLIR text of `func` as `func.func`, nova ops in generic form, values numbered like MLIR.
+
+    `parse.parse_module` reads it back: `parse_module(print_func(f)).print() == print_func(f)`.
+    """
     names: dict[Value, str] = {}
     for i, a in enumerate(func.args):
         names[a] = f"%arg{i}"
@@ -299,9 +410,9 @@ def print_func(func: Func) -> str:
     args = ", ".join(f"%arg{i}: {a.type}" for i, a in enumerate(func.args))
     rets = ", ".join(str(v.type) for v in func.returns)
     rets = f"({rets})" if len(func.returns) != 1 else rets
-    lines.append(f"func.func @{func.name}({args}) -> {rets} {{")
+    lines.append(f"func.func @{print_symbol(func.name)}({args}) -> {rets} {{")
     for op in func.ops:
-        n = next(counter)
+        n = next(counter) if op.results else None
         if len(op.results) == 1:
             names[op.results[0]] = f"%{n}"
             lhs = f"%{n} = "
@@ -331,12 +442,22 @@ def _print_attrs(op: Op) -> str:
     for key in sorted(op.attrs):
         kind = op.attributes.get(key)
         value = op.attrs[key]
+        if kind is None:
+            raise op.error(f"cannot print unknown attribute '{key}' (expected only {sorted(op.attributes)})")
         if kind is Dense:
             text = print_dense(value, op.results[0].type)
         else:
             text = kind.print(value)
         parts.append(f"{key} = {text}")
     return " {" + ", ".join(parts) + "}"
+
+
+_BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
+
+
+def print_symbol(name: str) -> str:
+    """A symbol name as MLIR spells it: bare when it is an identifier, else a quoted string."""
+    return name if _BARE_ID.fullmatch(name) else print_string(name)
 
 
 def print_module(funcs: list[Func]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from jnova.dialect.ir import Bool, Dense, F64, I64, I64Array, Op, Str
-from jnova.dialect.types import FLOAT_DTYPES, INTEGER_DTYPES, TensorType
+from jnova.dialect.types import FLOAT_DTYPES, INTEGER_DTYPES, TensorType, numpy_dtype
 
 OPS: dict[str, type[Op]] = {}
 
@@ -31,6 +31,16 @@ def _perm_check(op: Op, name: str, perm, rank: int):
         raise op.error(f"attribute '{name}' = {perm} is not a permutation of 0..{rank - 1}")
 
 
+def _starts_check(op: Op, starts, first: int):
+    """Start indices are integer scalars of one type (as JAX requires, and as IRDL checks a variadic list)."""
+    for i, s in enumerate(starts):
+        if s.type.shape != () or s.type.dtype not in INTEGER_DTYPES:
+            raise op.error(f"{op.operand_label(first + i)} has type {s.type}, expected an integer scalar")
+        if s.type != starts[0].type:
+            raise op.error(f"{op.operand_label(first + i)} has type {s.type}, expected {starts[0].type} like "
+                           f"{op.operand_label(first)}")
+
+
 def _dims_check(op: Op, name: str, dims, rank: int, *, unique=True):
     for d in dims:
         if not 0 <= d < rank:
@@ -47,14 +57,15 @@ class ElementwiseOp(Op):
     result_dtype: ClassVar[str | None] = None  # fixed result dtype (e.g. bool for comparisons)
 
     def verify_(self):
-        out = self.results[0].type
+        out, first = self.results[0].type, self.operands[0].type
         for i, v in enumerate(self.operands):
-            _same_shape(self, f"operand #{i}", v.type, out)
-            if v.type.dtype != self.operands[0].type.dtype:
-                raise self.error(f"operand #{i} has element type {v.type.dtype}, expected {self.operands[0].type.dtype}")
-        if self.float_only and self.operands[0].type.dtype not in FLOAT_DTYPES:
-            raise self.error(f"operand #0 has element type {self.operands[0].type.dtype}, expected a float type")
-        want = self.result_dtype or self.operands[0].type.dtype
+            _same_shape(self, self.operand_label(i), v.type, out)
+            if v.type.dtype != first.dtype:
+                raise self.error(f"{self.operand_label(i)} has element type {v.type.dtype}, expected {first.dtype} "
+                                 f"like {self.operand_label(0)}")
+        if self.float_only and first.dtype not in FLOAT_DTYPES:
+            raise self.error(f"{self.operand_label(0)} has element type {first.dtype}, expected a float type")
+        want = self.result_dtype or first.dtype
         if out.dtype != want:
             raise self.error(f"result has element type {out.dtype}, expected {want}")
 
@@ -71,10 +82,10 @@ def _elementwise(name: str, arity: int, *, float_only=False, result_dtype=None, 
     return register(cls)
 
 
-UNARY_FLOAT = ("exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "erf", "erf_inv", "sqrt",
+UNARY_FLOAT = ("exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "erf", "erfc", "erf_inv", "sqrt",
                "rsqrt", "cbrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
                "acosh", "atanh", "floor", "ceil")
-UNARY_ANY = ("neg", "abs", "sign", "square", "not", "population_count")
+UNARY_ANY = ("neg", "abs", "sign", "square", "not", "population_count", "clz")
 BINARY_ANY = ("add", "sub", "mul", "div", "rem", "max", "min", "pow", "and", "or", "xor",
               "shift_left", "shift_right_logical", "shift_right_arithmetic")
 BINARY_FLOAT = ("atan2", "nextafter")
@@ -90,6 +101,7 @@ for _n in BINARY_FLOAT:
 _elementwise("is_finite", 1, float_only=True, result_dtype="bool")
 _elementwise("round", 1, float_only=True, attributes={"method": Str},
              summary="method: 'away_from_zero' or 'to_nearest_even'")
+_elementwise("reduce_precision", 1, float_only=True, attributes={"exponent_bits": I64, "mantissa_bits": I64})
 _elementwise("ipow", 1, attributes={"exponent": I64}, summary="x ** exponent for an integer exponent")
 
 COMPARE_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
@@ -118,16 +130,16 @@ class SelectOp(Op):
     def verify_(self):
         which, cases, out = self.operands[0].type, self.variadic_operands(), self.results[0].type
         if not cases:
-            raise self.error("expected at least one case operand")
+            raise self.error("expected at least one operand 'cases'")
         if which.dtype != "bool" and which.dtype not in INTEGER_DTYPES:
             raise self.error(f"operand 'which' has element type {which.dtype}, expected bool or an integer")
         if which.dtype == "bool" and len(cases) > 2:
-            raise self.error(f"a bool 'which' selects between at most 2 cases, got {len(cases)}")
+            raise self.error(f"operand 'which' is bool, so expected at most 2 operands 'cases', got {len(cases)}")
         if which.shape not in ((), out.shape):
             raise self.error(f"operand 'which' has shape {which.shape}, expected () or {out.shape}")
         for i, c in enumerate(cases):
             if c.type != out:
-                raise self.error(f"case #{i} has type {c.type}, expected the result type {out}")
+                raise self.error(f"operand 'cases' #{i} has type {c.type}, expected the result type {out}")
 
 
 @register
@@ -172,7 +184,8 @@ class ReshapeOp(Op):
     def verify_(self):
         x, out = self.operands[0].type, self.results[0].type
         if x.size != out.size or x.dtype != out.dtype:
-            raise self.error(f"cannot reshape {x} into {out}")
+            raise self.error(f"result type {out} must have the element count ({x.size}) and element type "
+                             f"({x.dtype}) of operand 'x' {x}")
 
 
 @register
@@ -186,8 +199,9 @@ class TransposeOp(Op):
     def verify_(self):
         x, out, perm = self.operands[0].type, self.results[0].type, self.attrs["perm"]
         _perm_check(self, "perm", perm, x.rank)
-        if out.shape != tuple(x.shape[p] for p in perm) or out.dtype != x.dtype:
-            raise self.error(f"result type {out} does not match {x} permuted by {perm}")
+        want = TensorType(tuple(x.shape[p] for p in perm), x.dtype)
+        if out != want:
+            raise self.error(f"result has type {out}, expected {want} (operand 'x' {x} permuted by {perm})")
 
 
 @register
@@ -200,13 +214,16 @@ class SliceOp(Op):
         x, out = self.operands[0].type, self.results[0].type
         start, limit, strides = self.attrs["start"], self.attrs["limit"], self.attrs["strides"]
         if not len(start) == len(limit) == len(strides) == x.rank:
-            raise self.error(f"'start', 'limit' and 'strides' need {x.rank} entries each")
+            raise self.error(f"attributes 'start', 'limit' and 'strides' have {len(start)}, {len(limit)} and "
+                             f"{len(strides)} entries, expected {x.rank} each (the rank of operand 'x')")
         for d in range(x.rank):
             if not (0 <= start[d] <= limit[d] <= x.shape[d]) or strides[d] < 1:
-                raise self.error(f"dimension {d}: slice {start[d]}:{limit[d]}:{strides[d]} is invalid for size {x.shape[d]}")
-        want = tuple(-(-(limit[d] - start[d]) // strides[d]) for d in range(x.rank))
-        if out.shape != want:
-            raise self.error(f"result has shape {out.shape}, expected {want}")
+                raise self.error(f"attributes 'start', 'limit' and 'strides' slice dimension {d} of operand 'x' "
+                                 f"(size {x.shape[d]}) as {start[d]}:{limit[d]}:{strides[d]}, expected "
+                                 "0 <= start <= limit <= size and stride >= 1")
+        want = TensorType(tuple(-(-(limit[d] - start[d]) // strides[d]) for d in range(x.rank)), x.dtype)
+        if out != want:
+            raise self.error(f"result has type {out}, expected {want}")
 
 
 @register
@@ -220,12 +237,13 @@ class DynamicSliceOp(Op):
     def verify_(self):
         x, starts, sizes = self.operands[0].type, self.variadic_operands(), self.attrs["sizes"]
         if len(starts) != x.rank or len(sizes) != x.rank:
-            raise self.error(f"expected {x.rank} start indices and sizes, got {len(starts)} and {len(sizes)}")
-        for i, s in enumerate(starts):
-            if s.type.shape != () or s.type.dtype not in INTEGER_DTYPES:
-                raise self.error(f"start index #{i} has type {s.type}, expected an integer scalar")
-        if self.results[0].type.shape != tuple(sizes) or any(z > d for z, d in zip(sizes, x.shape)):
-            raise self.error(f"result shape {self.results[0].type.shape} must equal 'sizes' {sizes} within {x.shape}")
+            raise self.error(f"expected {x.rank} operands 'starts' and {x.rank} entries in attribute 'sizes' (the rank "
+                             f"of operand 'x'), got {len(starts)} and {len(sizes)}")
+        _starts_check(self, starts, first=1)
+        out = self.results[0].type
+        if out.shape != tuple(sizes) or out.dtype != x.dtype or any(z > d for z, d in zip(sizes, x.shape)):
+            raise self.error(f"result has type {out}, expected {TensorType(tuple(sizes), x.dtype)} with attribute "
+                             f"'sizes' {sizes} within the shape {x.shape} of operand 'x'")
 
 
 @register
@@ -236,11 +254,13 @@ class DynamicUpdateSliceOp(Op):
     def verify_(self):
         x, u, starts = self.operands[0].type, self.operands[1].type, self.variadic_operands()
         if len(starts) != x.rank:
-            raise self.error(f"expected {x.rank} start indices, got {len(starts)}")
+            raise self.error(f"expected {x.rank} operands 'starts' (the rank of operand 'x'), got {len(starts)}")
+        _starts_check(self, starts, first=2)
         if u.rank != x.rank or any(a > b for a, b in zip(u.shape, x.shape)) or u.dtype != x.dtype:
-            raise self.error(f"operand 'update' has type {u}, which does not fit in {x}")
+            raise self.error(f"operand 'update' has type {u}, expected a {x.dtype} tensor of rank {x.rank} that "
+                             f"fits in operand 'x' {x}")
         if self.results[0].type != x:
-            raise self.error(f"result type must equal the operand type {x}")
+            raise self.error(f"result has type {self.results[0].type}, expected the type of operand 'x' {x}")
 
 
 @register
@@ -252,17 +272,18 @@ class ConcatenateOp(Op):
     def verify_(self):
         ins, out, dim = self.operands, self.results[0].type, self.attrs["dim"]
         if not ins:
-            raise self.error("expected at least one input")
+            raise self.error("expected at least one operand 'inputs'")
         if not 0 <= dim < out.rank:
-            raise self.error(f"attribute 'dim' = {dim} is out of range for rank {out.rank}")
+            raise self.error(f"attribute 'dim' = {dim} is out of range for the result rank {out.rank}")
         total = 0
         for i, v in enumerate(ins):
             t = v.type
             if t.rank != out.rank or t.dtype != out.dtype or any(t.shape[d] != out.shape[d] for d in range(out.rank) if d != dim):
-                raise self.error(f"input #{i} has type {t}, incompatible with result {out} along dim {dim}")
+                raise self.error(f"operand 'inputs' #{i} has type {t}, expected the result's element type and sizes "
+                                 f"({out}) except along dim {dim}")
             total += t.shape[dim]
         if total != out.shape[dim]:
-            raise self.error(f"inputs add up to {total} along dim {dim}, result has {out.shape[dim]}")
+            raise self.error(f"operands 'inputs' add up to {total} along dim {dim}, expected the result's size {out.shape[dim]}")
 
 
 @register
@@ -279,10 +300,13 @@ class PadOp(Op):
         if value.shape != () or value.dtype != x.dtype:
             raise self.error(f"operand 'value' has type {value}, expected a {x.dtype} scalar")
         if not len(lo) == len(hi) == len(inner) == x.rank:
-            raise self.error(f"'low', 'high' and 'interior' need {x.rank} entries each")
-        want = tuple(lo[d] + hi[d] + x.shape[d] + max(x.shape[d] - 1, 0) * inner[d] for d in range(x.rank))
-        if out.shape != want:
-            raise self.error(f"result has shape {out.shape}, expected {want}")
+            raise self.error(f"attributes 'low', 'high' and 'interior' have {len(lo)}, {len(hi)} and {len(inner)} "
+                             f"entries, expected {x.rank} each (the rank of operand 'x')")
+        if any(i < 0 for i in inner):
+            raise self.error(f"attribute 'interior' = {inner}, expected non-negative entries")
+        want = TensorType(tuple(lo[d] + hi[d] + x.shape[d] + max(x.shape[d] - 1, 0) * inner[d] for d in range(x.rank)), x.dtype)
+        if out != want:
+            raise self.error(f"result has type {out}, expected {want}")
 
 
 @register
@@ -292,7 +316,7 @@ class IotaOp(Op):
 
     def verify_(self):
         if not 0 <= self.attrs["dim"] < max(self.results[0].type.rank, 1):
-            raise self.error(f"attribute 'dim' = {self.attrs['dim']} is out of range for {self.results[0].type}")
+            raise self.error(f"attribute 'dim' = {self.attrs['dim']} is out of range for the result type {self.results[0].type}")
 
 
 @register
@@ -304,7 +328,7 @@ class ReverseOp(Op):
     def verify_(self):
         _dims_check(self, "dims", self.attrs["dims"], self.operands[0].type.rank)
         if self.results[0].type != self.operands[0].type:
-            raise self.error("result type must equal the operand type")
+            raise self.error(f"result has type {self.results[0].type}, expected the type of operand 'x' {self.operands[0].type}")
 
 
 @register
@@ -315,7 +339,9 @@ class ConstantOp(Op):
     def verify_(self):
         value, out = self.attrs["value"], self.results[0].type
         if tuple(value.shape) != out.shape:
-            raise self.error(f"attribute 'value' has shape {tuple(value.shape)}, expected {out.shape}")
+            raise self.error(f"attribute 'value' has shape {tuple(value.shape)}, expected the result shape {out.shape}")
+        if value.dtype != numpy_dtype(out.dtype):
+            raise self.error(f"attribute 'value' has element type {value.dtype}, expected the result element type {out.dtype}")
 
 
 # --------------------------------------------------------------------------- reductions
@@ -375,14 +401,22 @@ class MatmulOp(Op):
     def verify_(self):
         a = self.attrs
         lhs, rhs, out = self.operands[0].type, self.operands[1].type, self.results[0].type
-        _dims_check(self, "lhs_batch", a["lhs_batch"] + a["lhs_contract"], lhs.rank)
-        _dims_check(self, "rhs_batch", a["rhs_batch"] + a["rhs_contract"], rhs.rank)
-        if len(a["lhs_batch"]) != len(a["rhs_batch"]) or len(a["lhs_contract"]) != len(a["rhs_contract"]):
-            raise self.error("lhs and rhs need the same number of batch and of contracting dimensions")
-        for name, ld, rd in (("batch", a["lhs_batch"], a["rhs_batch"]), ("contracting", a["lhs_contract"], a["rhs_contract"])):
+        for side, t in (("lhs", lhs), ("rhs", rhs)):
+            batch, contract = a[f"{side}_batch"], a[f"{side}_contract"]
+            _dims_check(self, f"{side}_batch", batch, t.rank)
+            _dims_check(self, f"{side}_contract", contract, t.rank)
+            if set(batch) & set(contract):
+                raise self.error(f"attributes '{side}_batch' = {batch} and '{side}_contract' = {contract} share "
+                                 f"dimensions {sorted(set(batch) & set(contract))}, expected disjoint sets")
+        for kind in ("batch", "contract"):
+            if len(a[f"lhs_{kind}"]) != len(a[f"rhs_{kind}"]):
+                raise self.error(f"attributes 'lhs_{kind}' = {a[f'lhs_{kind}']} and 'rhs_{kind}' = {a[f'rhs_{kind}']} "
+                                 "have different lengths, expected one rhs dimension per lhs dimension")
+        for kind, ld, rd in (("batch", a["lhs_batch"], a["rhs_batch"]), ("contract", a["lhs_contract"], a["rhs_contract"])):
             for i, j in zip(ld, rd):
                 if lhs.shape[i] != rhs.shape[j]:
-                    raise self.error(f"{name} dimension lhs[{i}] = {lhs.shape[i]} differs from rhs[{j}] = {rhs.shape[j]}")
+                    raise self.error(f"'{kind}' dimension {i} of operand 'lhs' has size {lhs.shape[i]}, expected "
+                                     f"{rhs.shape[j]} like dimension {j} of operand 'rhs'")
         lf, rf = self.free_dims()
         want = tuple(lhs.shape[d] for d in a["lhs_batch"]) + tuple(lhs.shape[d] for d in lf) + tuple(rhs.shape[d] for d in rf)
         if out.shape != want:
@@ -410,13 +444,15 @@ class GatherOp(Op):
         if idx.dtype not in INTEGER_DTYPES:
             raise self.error(f"operand 'indices' has element type {idx.dtype}, expected an integer type")
         if len(a["slice_sizes"]) != x.rank:
-            raise self.error(f"attribute 'slice_sizes' needs {x.rank} entries")
+            raise self.error(f"attribute 'slice_sizes' has {len(a['slice_sizes'])} entries, expected {x.rank} "
+                             "(the rank of operand 'x')")
         if idx.rank == 0 or idx.shape[-1] != len(a["start_index_map"]):
-            raise self.error(f"last dimension of 'indices' {idx.shape} must equal len(start_index_map) = {len(a['start_index_map'])}")
+            raise self.error(f"operand 'indices' has shape {idx.shape}, expected its last dimension to equal "
+                             f"len(start_index_map) = {len(a['start_index_map'])}")
         _dims_check(self, "start_index_map", a["start_index_map"], x.rank)
         _dims_check(self, "collapsed_slice_dims", a["collapsed_slice_dims"], x.rank)
         if self.results[0].type.dtype != x.dtype:
-            raise self.error(f"result element type must be {x.dtype}")
+            raise self.error(f"result has element type {self.results[0].type.dtype}, expected {x.dtype} like operand 'x'")
 
 
 SCATTER_KINDS = ("add", "set", "mul", "min", "max")
@@ -443,7 +479,7 @@ class ScatterOp(Op):
         if upd.dtype != x.dtype:
             raise self.error(f"operand 'updates' has element type {upd.dtype}, expected {x.dtype}")
         if self.results[0].type != x:
-            raise self.error(f"result type must equal the operand type {x}")
+            raise self.error(f"result has type {self.results[0].type}, expected the type of operand 'x' {x}")
 
 
 # --------------------------------------------------------------------------- fallback

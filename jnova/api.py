@@ -69,24 +69,29 @@ class CompiledStep:
         _configure_logging()
         flat, tree = jax.tree_util.tree_flatten((args, kwargs))
         avals = tuple((tuple(a.shape), str(a.dtype), bool(a.weak_type)) for a in map(abstract, flat))
-        backend = self.options.backend or _platform_of(flat)
+        backend = self.options.backend or ("gpu" if self.options.target else _platform_of(flat))
         key = (tree, avals, backend)
         executable = self._executables.get(key)
         if executable is None:
             from jnova.pipeline import compile_step
 
-            if backend not in ("cpu",):
-                raise NotImplementedError(
-                    f"jnova's {backend} backend is not available yet; run on the CPU (backend='cpu') for now")
+            if backend not in ("cpu", "gpu"):
+                raise NotImplementedError(f"jnova has no backend for the {backend!r} platform (cpu and gpu only)")
+            target = None
+            if backend == "gpu":
+                from jnova.runtime.target import get_target
+
+                target = get_target(self.options.target)
             donate = _flat_donate(args, self.donate_argnums)
-            executable = compile_step(self.fn, args, kwargs, self.options, donate)
+            executable = compile_step(self.fn, args, kwargs, self.options, backend, target, donate)
             self.compile_count += 1
             self._executables[key] = executable
         return executable
 
 
 class Lowered:
-    """The stages of one compiled signature: `.as_text("jaxpr" | "nova" | "linalg" | "llvm")`."""
+    """The stages of one compiled signature: `.as_text(stage)` for "jaxpr", "nova", then "linalg" and
+    "llvm" (CPU) or "gpu" and "ptx" (GPU), and "hlo" (the jitted step as XLA sees it)."""
 
     def __init__(self, executable):
         self.executable = executable

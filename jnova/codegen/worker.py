@@ -24,8 +24,9 @@ from jnova.errors import CompileError
 
 def pipelines() -> dict[str, str]:
     from jnova.codegen.cpu import CPU_PIPELINE
+    from jnova.codegen.gpu.ptx import GPU_TO_ISA, GPU_TO_NVVM
 
-    return {"cpu": CPU_PIPELINE}
+    return {"cpu": CPU_PIPELINE, "gpu": GPU_TO_NVVM, "gpu-isa": GPU_TO_ISA}
 
 
 def run_in_process(pipeline: str, text: str) -> str:

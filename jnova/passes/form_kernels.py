@@ -31,6 +31,10 @@ class Plan:
     def kernels(self) -> list[Kernel]:
         return [s for s in self.steps if isinstance(s, Kernel)]
 
+    def kernels_json(self) -> list[dict]:
+        """The kernel steps of `plan_to_json(self)`."""
+        return [s for s in plan_to_json(self)["steps"] if "kernel" in s]
+
 
 def form_kernels(func: Func) -> Plan:
     runs: list[list[Op] | Op] = []

@@ -18,7 +18,11 @@ def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], con
         for step in plan["steps"]:
             ins = [env[i] for i in step["in"]]
             if "kernel" in step:
-                outs = nova_kernel_p.bind(*ins, kernel=handles[step["kernel"]])
+                handle = handles[step["kernel"]]
+                if isinstance(handle, KernelHandle):
+                    outs = nova_kernel_p.bind(*ins, kernel=handle)
+                else:  # a group with no kernel builder on this backend: its ops as JAX ops
+                    outs = handle(*ins)
             else:  # a fallback op: the original JAX equation, bound as XLA would run it
                 eqn = sites[step["site"]]
                 outs = eqn.primitive.bind(*ins, **eqn.params)

@@ -55,10 +55,10 @@ def _cpu_lowering(ctx, *args, kernel: KernelHandle):
     return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
 
 
-def _no_gpu_lowering(ctx, *args, kernel: KernelHandle):
-    raise NotImplementedError(
-        f"jnova kernel {kernel.name} was compiled for {kernel.backend}; it cannot be lowered for a GPU. "
-        "Compile the step with the inputs on the GPU (or backend='gpu').")
+def _cuda_lowering(ctx, *args, kernel: KernelHandle):
+    from jnova.primitives.gpu_lowering import lower_gpu_kernel  # it imports this module
+
+    return lower_gpu_kernel(ctx, *args, kernel=kernel)  # refuses kernels compiled for the CPU
 
 
 def _no_jvp(primals, tangents, *, kernel):
@@ -73,6 +73,6 @@ def _no_batch(args, dims, *, kernel):
 nova_kernel_p.def_abstract_eval(_abstract_eval)
 nova_kernel_p.def_impl(_impl)
 mlir.register_lowering(nova_kernel_p, _cpu_lowering, platform="cpu")
-mlir.register_lowering(nova_kernel_p, _no_gpu_lowering, platform="cuda")
+mlir.register_lowering(nova_kernel_p, _cuda_lowering, platform="cuda")
 ad.primitive_jvps[nova_kernel_p] = _no_jvp
 batching.primitive_batchers[nova_kernel_p] = _no_batch

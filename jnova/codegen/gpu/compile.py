@@ -1,0 +1,60 @@
+"""A fused kernel -> a launchable GPU kernel: pick its builder, build the gpu.module, produce PTX."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jnova.codegen.gpu.elementwise import build_elementwise, elementwise_refusal
+from jnova.codegen.gpu.emitter import GpuModule
+from jnova.codegen.gpu.ptx import to_ptx
+from jnova.codegen.gpu.reduction import build_row_reduction, row_reduction_refusal
+from jnova.codegen.linalg.lowering import LoweringError
+from jnova.passes.form_kernels import Kernel
+from jnova.runtime.target import Target
+
+# Kernel families in the order they are tried: (name, why-not, builder).
+BUILDERS = (
+    ("elementwise", elementwise_refusal, build_elementwise),
+    ("row reduction", row_reduction_refusal, build_row_reduction),
+)
+
+
+@dataclass(frozen=True)
+class GpuLaunch:
+    """One compiled kernel: its PTX entry `name`, launch geometry and the gpu.module it came from.
+
+    Parameters are the kernel's inputs then its outputs, one pointer each (16-byte aligned).
+    """
+
+    name: str
+    ptx: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem_bytes: int  # dynamic shared memory
+    compute_capability: int  # e.g. 90 (what jaxlib assembles the PTX for)
+    schedule: str
+    gpu_module: str
+
+    @property
+    def num_warps(self) -> int:
+        return self.block[0] // 32
+
+
+def build_gpu_module(kernel: Kernel, target: Target) -> GpuModule:
+    """The gpu.module of the first kernel family that takes `kernel`; LoweringError with every
+    family's reason if none does."""
+    reasons = []
+    for family, refusal, build in BUILDERS:
+        reason = refusal(kernel)
+        if reason is None:
+            return build(kernel, target)
+        reasons.append(f"not {family}: {reason}")
+    raise LoweringError(f"no GPU kernel builder takes {kernel.name} ({'; '.join(reasons)})")
+
+
+def compile_gpu_kernel(kernel: Kernel, target: Target) -> GpuLaunch:
+    module = build_gpu_module(kernel, target)
+    if module.block[1:] != (1, 1) or module.block[0] % 32:
+        raise LoweringError(f"{kernel.name}: block {module.block} is not a whole number of warps along x")
+    major, minor = target.compute_capability
+    return GpuLaunch(module.name, to_ptx(module.text), module.grid, module.block, module.shared_mem_bytes,
+                     10 * major + minor, module.schedule, module.text)

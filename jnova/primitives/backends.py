@@ -1,0 +1,138 @@
+"""From a kernel plan to callable kernels, per backend; and back from persistent-cache files.
+
+`compile_cpu` / `compile_gpu` return `CompiledKernels`: the handles the executor binds, the IR
+texts of the stages (`linalg`/`llvm` or `gpu`/`ptx`), and the plain files the persistent cache
+keeps so that `restore` can rebuild the handles in another process without the nova pipeline.
+
+On the GPU, a kernel no builder takes yet (contractions until their builder lands, data movement)
+runs as XLA ops through `nova_to_jax`; it is listed in `xla_groups` with the builders' reasons.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable
+
+from jnova.codegen import cpu
+from jnova.codegen.linalg.lowering import LoweringError, kernel_to_linalg
+from jnova.dialect.ir import Func
+from jnova.dialect.types import TensorType
+from jnova.errors import CompileError
+from jnova.passes.form_kernels import Kernel, Plan
+from jnova.primitives.nova_kernel import KernelHandle
+from jnova.primitives.nova_to_jax import evaluate_ops
+from jnova.runtime.progress import Progress
+
+log = logging.getLogger("jnova")
+
+
+@dataclass
+class CompiledKernels:
+    handles: dict[str, KernelHandle | Callable]
+    texts: dict[str, str]
+    files: dict[str, str]
+    xla_groups: dict[str, str] = field(default_factory=dict)  # kernel name -> why it runs as XLA ops
+
+
+def _types(step: dict) -> list[TensorType]:
+    return [TensorType(tuple(shape), dtype) for shape, dtype in step["out_types"]]
+
+
+# --------------------------------------------------------------------------- CPU
+def compile_cpu(plan: Plan, stage=lambda name: nullcontext()) -> CompiledKernels:
+    with stage("to_linalg"):            # each kernel becomes a destination-passing func
+        try:
+            linalg = "module {\n" + "\n".join(kernel_to_linalg(k.name, k.ops, k.inputs, k.outputs)
+                                               for k in plan.kernels) + "\n}\n"
+        except LoweringError as e:
+            raise CompileError("to_linalg", str(e)) from None
+    with stage("lower_cpu"):            # bufferize, loops, LLVM dialect (in the isolated worker)
+        llvm = cpu.lower_to_llvm(linalg)
+    return _cpu_handles(plan.kernels_json(), linalg, llvm, stage)
+
+
+def restore_cpu(files: dict[str, str], plan_json: dict, stage=lambda name: nullcontext()) -> CompiledKernels:
+    return _cpu_handles([s for s in plan_json["steps"] if "kernel" in s], files["linalg.mlir"], files["llvm.mlir"], stage)
+
+
+def _cpu_handles(kernel_steps, linalg: str, llvm: str, stage) -> CompiledKernels:
+    with stage("jit_llvm"):             # LLVM ORC JIT through the MLIR ExecutionEngine
+        executable = cpu.jit_llvm(llvm)
+    handles = {}
+    for step in kernel_steps:
+        name, types = step["kernel"], _types(step)
+        run = (lambda name, types: lambda *xs: executable.run(name, list(xs), types))(name, types)
+        handles[name] = KernelHandle(name, types, "cpu", run)
+    return CompiledKernels(handles, {"linalg": linalg, "llvm": llvm}, {"linalg.mlir": linalg, "llvm.mlir": llvm})
+
+
+# --------------------------------------------------------------------------- GPU
+def compile_gpu(plan: Plan, target, stage=lambda name: nullcontext()) -> CompiledKernels:
+    from jnova.codegen.gpu.compile import compile_gpu_kernel
+
+    launches, xla_groups, groups_text = {}, {}, {}
+    by_structure: dict[str, object] = {}  # identical kernels (same ops, types) compile once
+    with stage("to_ptx"), Progress("compiling GPU kernels", len(plan.kernels)) as progress:
+        for k in plan.kernels:
+            progress.step()
+            text = group_text(k, "kernel")
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            if digest not in by_structure:
+                try:
+                    by_structure[digest] = compile_gpu_kernel(k, target)
+                except LoweringError as e:
+                    by_structure[digest] = str(e)
+            result = by_structure[digest]
+            if isinstance(result, str):
+                xla_groups[k.name] = result
+                groups_text[k.name] = group_text(k, k.name)
+            else:
+                launches[k.name] = result
+    if xla_groups:
+        log.info("jnova: %d of %d kernels have no GPU builder yet and run as XLA ops", len(xla_groups), len(plan.kernels))
+    files = {"launches.json": json.dumps({n: _launch_json(l) for n, l in launches.items()}),
+             "xla_groups.mlir": "module {\n" + "\n".join(groups_text.values()) + "\n}\n",
+             "xla_reasons.json": json.dumps(xla_groups)}
+    return _gpu_handles(plan.kernels_json(), files)
+
+
+def restore_gpu(files: dict[str, str], plan_json: dict, stage=lambda name: nullcontext()) -> CompiledKernels:
+    return _gpu_handles([s for s in plan_json["steps"] if "kernel" in s], files)
+
+
+def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
+    from jnova.codegen.gpu.compile import GpuLaunch
+    from jnova.dialect.parse import parse_funcs
+    from jnova.primitives.gpu_lowering import GpuKernelHandle
+
+    launches = {n: GpuLaunch(**{**d, "grid": tuple(d["grid"]), "block": tuple(d["block"])})
+                for n, d in json.loads(files["launches.json"]).items()}
+    groups = {f.name: f for f in parse_funcs(files["xla_groups.mlir"])} if "func.func" in files["xla_groups.mlir"] else {}
+    handles = {}
+    for step in kernel_steps:
+        name = step["kernel"]
+        if name in launches:
+            handles[name] = GpuKernelHandle(launches[name], _types(step))
+        else:
+            f = groups[name]
+            handles[name] = evaluate_ops(f.ops, f.args, f.returns)
+    texts = {"gpu": "\n".join(l.gpu_module for l in launches.values()),
+             "ptx": "\n".join(l.ptx for l in launches.values()),
+             "xla_groups": files["xla_groups.mlir"]}
+    return CompiledKernels(handles, texts, files, json.loads(files["xla_reasons.json"]))
+
+
+def _launch_json(launch) -> dict:
+    return {"name": launch.name, "ptx": launch.ptx, "grid": list(launch.grid), "block": list(launch.block),
+            "shared_mem_bytes": launch.shared_mem_bytes, "compute_capability": launch.compute_capability,
+            "schedule": launch.schedule, "gpu_module": launch.gpu_module}
+
+
+def group_text(kernel: Kernel, name: str) -> str:
+    """The kernel's ops as a standalone nova function (its inputs become arguments)."""
+    f = Func(name, [])
+    f.args, f.ops, f.returns = list(kernel.inputs), list(kernel.ops), list(kernel.outputs)
+    return f.print()

@@ -1,0 +1,251 @@
+"""GPU code generation without a GPU: fused kernels -> gpu.module -> PTX, assembled by ptxas for the
+h200 (sm_90a) and rtx3060 (sm_86) presets, no spills allowed. Elementwise kernels (and reductions of
+one thread per row, which need no shuffles) also run on the CPU: the gpu.func body inside loops over
+the grid's blocks and threads, with poisoned outputs, against jnp. The CUDA lowering of
+`nova_kernel_p` is checked in the text of a step lowered for CUDA."""
+import re
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jnova.capture.to_nova import to_nova
+from jnova.capture.trace import trace
+from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
+from jnova.codegen.gpu.ptx import assemble_check, ptxas_path
+from jnova.codegen.linalg.lowering import LoweringError
+from jnova.errors import CompileError
+from jnova.passes.canonicalize import canonicalize
+from jnova.passes.cse import cse
+from jnova.passes.dce import dce
+from jnova.passes.form_kernels import form_kernels
+from jnova.runtime.target import get_target
+
+requires_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas is not on PATH")
+f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
+
+
+def kernel_of(fn, *args):
+    """The single kernel jnova forms for `fn`, and the arrays its inputs are (in kernel order)."""
+    program = to_nova(trace(fn, args, {}), fallback="error")
+    func = program.func
+    canonicalize(func)
+    cse(func)
+    dce(func, keep_sites=set())
+    (kernel,) = form_kernels(func).kernels
+    values = list(args) + list(program.const_args)
+    return kernel, [values[func.args.index(v)] for v in kernel.inputs]
+
+
+def rand(shape, dtype, seed=None):
+    rng = np.random.default_rng(seed)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.asarray(rng.integers(-1000, 1000, shape), dtype)
+    return jnp.asarray(rng.standard_normal(shape), dtype)
+
+
+ELEMENTWISE = {
+    "f32_chain_1000x77": (lambda x, y: jnp.tanh(x) * y + 1.0, [((1000, 77), f32), ((1000, 77), f32)]),
+    "f32_33": (lambda x: jnp.exp(x) / (1 + jnp.abs(x)), [((33,), f32)]),
+    "bf16_ops": (lambda x, y: x * y + x, [((1000, 77), bf16), ((1000, 77), bf16)]),
+    "bf16_in_out_f32_math": (lambda x, y: (jax.nn.sigmoid(x.astype(f32)) * y.astype(f32)).astype(bf16),
+                             [((4096,), bf16), ((4096,), bf16)]),
+    "int32": (lambda a, b: (a * 3 + b) // 7 ^ (a >> 2), [((1000, 77), i32), ((1000, 77), i32)]),
+    "bool_mask": (lambda x, y: jnp.where((x > 0) & (y < 0.5), x, -y), [((257, 33), f32), ((257, 33), f32)]),
+    "bool_out": (lambda x, y: (x > y) | (x < -1), [((1000, 77), f32), ((1000, 77), f32)]),
+    "broadcast_rows_cols": (lambda x, r, c: x * r[:, None] + c[None, :] + 2.0,
+                            [((1000, 77), f32), ((1000,), f32), ((77,), f32)]),
+    "broadcast_size1_dims": (lambda x, b: x + b, [((64, 1, 128), f32), ((1, 7, 1), f32)]),
+    "iota": (lambda x: x + jnp.arange(128.0), [((33, 128), f32)]),
+    "math": (lambda x: jnp.log1p(jnp.abs(x)) + jax.scipy.special.erf(x) + jnp.expm1(x)
+             + jax.lax.erf_inv(jnp.tanh(x)) + jnp.round(x) * jnp.isfinite(x) + jnp.arctan2(x, 2.0) + x ** 3,
+             [((1000,), f32)]),
+    "two_outputs": (lambda x: (x * 2, jnp.sin(x) > 0), [((999,), f32)]),
+}
+REDUCTIONS = {
+    "sum_exp_31": (lambda x: jnp.sum(jnp.exp(x - 1.0), axis=-1), [((64, 31), f32)]),
+    "mean_bf16_1024": (lambda x: jnp.mean(x.astype(f32), axis=-1), [((64, 1024), bf16)]),
+    "max_bf16_50304": (lambda x: jnp.max(x, axis=-1), [((16, 50304), bf16)]),
+    "min_i32_rows_of_1": (lambda x: jnp.min(x, axis=-1), [((1000, 1), i32)]),
+    "sum_3_cols": (lambda x: jnp.sum(x * x, axis=-1), [((1000, 3), f32)]),
+    "sum_two_dims": (lambda x: jnp.sum(x * x, axis=(1, 2)), [((32, 4, 256), f32)]),
+    "any_mask": (lambda x: jnp.any(x > 0, axis=-1), [((16, 1000), f32)]),
+    "sum_with_bias": (lambda x, b: jnp.sum(x + b, axis=-1), [((128, 1024), f32), ((1024,), f32)]),
+}
+CASES = {**ELEMENTWISE, **REDUCTIONS}
+
+
+def case_kernel(name):
+    fn, specs = CASES[name]
+    args = [rand(shape, dtype, seed) for seed, (shape, dtype) in enumerate(specs)]
+    return fn, args, *kernel_of(fn, *args)
+
+
+@requires_ptxas
+@pytest.mark.parametrize("target", ["h200", "rtx3060"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ptx_assembles_without_spills(name, target):
+    _, _, kernel, _ = case_kernel(name)
+    t = get_target(target)
+    launch = compile_gpu_kernel(kernel, t)
+    report = assemble_check(launch.ptx, t.arch)
+    print(f"{name}: {launch.schedule}: {report}")
+    assert f".target {t.arch}" in launch.ptx and f".entry {kernel.name}(" in launch.ptx
+    assert report.spills == 0 and report.stack_frame == 0, report.log
+    assert report.registers <= 64, report.log
+
+
+def test_16_byte_accesses_where_the_shapes_allow():
+    _, _, kernel, _ = case_kernel("f32_chain_1000x77")
+    ptx = compile_gpu_kernel(kernel, get_target("h200")).ptx
+    assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
+    _, _, kernel, _ = case_kernel("mean_bf16_1024")
+    assert "ld.global.v4.b32" in compile_gpu_kernel(kernel, get_target("h200")).ptx  # 8 bf16
+
+
+def test_row_reduction_uses_butterflies_and_shared_memory():
+    _, _, kernel, _ = case_kernel("max_bf16_50304")
+    module = build_gpu_module(kernel, get_target("h200"))
+    assert "team=1024" in module.schedule
+    assert module.text.count("gpu.shuffle xor") == 10 and "gpu.barrier" in module.text  # two 5-step butterflies
+
+
+def test_kernels_no_builder_takes_are_refused_with_reasons():
+    kernel, _ = kernel_of(lambda a, b: a @ b, jnp.ones((8, 8)), jnp.ones((8, 8)))
+    with pytest.raises(LoweringError, match="not elementwise: 'nova.matmul'"):
+        build_gpu_module(kernel, get_target("h200"))
+    kernel, _ = kernel_of(lambda x: (jnp.sum(x, axis=1), jnp.max(x, axis=1)), jnp.ones((8, 8)))
+    with pytest.raises(LoweringError, match="2 reductions"):
+        build_gpu_module(kernel, get_target("h200"))
+
+
+@requires_ptxas
+def test_ptxas_failure_keeps_the_ptx_and_the_command():
+    with pytest.raises(CompileError) as info:
+        assemble_check(".version 8.0\n.target sm_90a\n.address_size 64\n.visible .entry k() { bogus; }\n", "sm_90a")
+    assert info.value.stage == "ptxas" and "ptxas" in info.value.repro and info.value.input_path.endswith(".ptx")
+
+
+# --------------------------------------------------------------------------- the kernels, run on the CPU
+SIM_PIPELINE = ("builtin.module(convert-scf-to-cf, convert-vector-to-llvm, expand-strided-metadata, lower-affine,"
+                "arith-expand, convert-math-to-llvm, convert-math-to-libm, finalize-memref-to-llvm,"
+                "convert-arith-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, convert-index-to-llvm,"
+                "reconcile-unrealized-casts)")
+
+
+def simulate(module, inputs, outputs):
+    """Run a gpu.module's kernel on the CPU, writing `outputs` in place: its body runs inside loops over
+    the grid's blocks and the block's threads (valid for kernels without shuffles or barriers)."""
+    from mlir import ir, passmanager
+    from mlir.execution_engine import ExecutionEngine
+    from mlir.runtime import get_ranked_memref_descriptor
+
+    lines = module.text.splitlines()
+    head = next(i for i, line in enumerate(lines) if "gpu.func" in line)
+    params = re.search(r"gpu\.func @\w+\((.*)\) kernel", lines[head]).group(1)
+    body = "\n".join(lines[head + 1: lines.index("    gpu.return")])
+    body = (body.replace("gpu.block_id x", "arith.addi %sim_b, %sim_0 : index")
+                .replace("gpu.thread_id x", "arith.addi %sim_t, %sim_0 : index")
+                .replace("gpu.grid_dim x", f"arith.constant {module.grid[0]} : index"))
+    text = "\n".join([
+        f"func.func @sim({params}) attributes {{llvm.emit_c_interface}} {{",
+        "%sim_0 = arith.constant 0 : index", "%sim_1 = arith.constant 1 : index",
+        f"%sim_g = arith.constant {module.grid[0]} : index", f"%sim_n = arith.constant {module.block[0]} : index",
+        "scf.for %sim_b = %sim_0 to %sim_g step %sim_1 {", "scf.for %sim_t = %sim_0 to %sim_n step %sim_1 {",
+        body, "}", "}", "return", "}"])
+    with ir.Context():
+        mlir_module = ir.Module.parse(text)
+        passmanager.PassManager.parse(SIM_PIPELINE).run(mlir_module.operation)
+        engine = ExecutionEngine(mlir_module, opt_level=0)
+    buffers = [_aligned(np.asarray(x)) for x in inputs] + outputs
+    descriptors = [get_ranked_memref_descriptor(b.reshape(-1).view(f"u{b.dtype.itemsize}")) for b in buffers]
+    import ctypes
+
+    engine.invoke("sim", *[ctypes.pointer(ctypes.pointer(d)) for d in descriptors])
+
+
+def _aligned(x: np.ndarray) -> np.ndarray:
+    """A 64-byte-aligned copy of `x` (the kernels' vector accesses assume 16-byte aligned buffers)."""
+    raw = np.empty(x.nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    out = raw[start: start + x.nbytes].view(x.dtype).reshape(x.shape)
+    out[...] = x
+    return out
+
+
+def poisoned_like(want: np.ndarray) -> np.ndarray:
+    """An output buffer differing from `want` in every element, so an unwritten element fails."""
+    if want.dtype == np.bool_:
+        return _aligned(~want)
+    if np.issubdtype(want.dtype, np.integer):
+        return _aligned(want + 1)
+    return _aligned(np.where(np.isnan(want.astype(np.float32)), 0, np.nan).astype(want.dtype))
+
+
+SIMULATED = sorted(ELEMENTWISE) + ["min_i32_rows_of_1", "sum_3_cols"]
+
+
+@pytest.mark.parametrize("name", SIMULATED)
+def test_kernel_simulated_on_cpu_matches_jnp(name):
+    fn, args, kernel, inputs = case_kernel(name)
+    module = build_gpu_module(kernel, get_target("h200"))
+    assert "gpu.shuffle" not in module.text and "gpu.barrier" not in module.text
+    want = jax.tree.leaves(jax.jit(fn)(*args))
+    outs = [poisoned_like(np.asarray(w)) for w in want]
+    simulate(module, inputs, outs)
+    for got, w in zip(outs, want):
+        w = np.asarray(w)
+        if w.dtype == jnp.bfloat16:
+            got, w = got.astype(np.float32), w.astype(np.float32)
+        np.testing.assert_allclose(got, w, rtol=2e-2 if name.startswith("bf16") else 2e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- re-entry into JAX
+def _fields(message: bytes) -> list[tuple[int, object]]:
+    """(field number, value) pairs of a protobuf message: varints as ints, length-delimited as bytes."""
+    out, i = [], 0
+    while i < len(message):
+        key, i = _read_varint(message, i)
+        if key & 7 == 0:
+            value, i = _read_varint(message, i)
+        else:
+            assert key & 7 == 2, f"unexpected wire type {key & 7}"
+            n, i = _read_varint(message, i)
+            value, i = message[i: i + n], i + n
+        out.append((key >> 3, value))
+    return out
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        value |= (data[i] & 0x7F) << shift
+        shift, i = shift + 7, i + 1
+        if not data[i - 1] & 0x80:
+            return value, i
+
+
+def test_cuda_lowering_is_the_ptx_kernel_call():
+    from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
+    from jnova.primitives.nova_kernel import nova_kernel_p
+
+    register_gpu_lowering()
+    fn, args, kernel, inputs = case_kernel("f32_chain_1000x77")
+    launch = compile_gpu_kernel(kernel, get_target("h200"))
+    handle = GpuKernelHandle(launch, [v.type for v in kernel.outputs])
+    lowered = jax.jit(lambda *xs: nova_kernel_p.bind(*xs, kernel=handle)).trace(*inputs)
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.custom_call @triton_kernel_call_ffi" in text and 'name = "kernel_0"' in text
+    opaque = re.search(r'opaque = "((?:[^"\\]|\\.)*)"', text).group(1)
+    raw = re.sub(rb"\\([0-9A-Fa-f]{2})", lambda m: bytes([int(m.group(1), 16)]),
+                 opaque.encode("latin-1").replace(b"\\\\", b"\\5C"))
+    (call_field, call), (name_field, name) = _fields(zlib.decompress(raw))
+    assert (call_field, name_field, name) == (1, 4, b"kernel_0")
+    call = _fields(call)
+    kernel_proto = dict(_fields(call[0][1]))
+    assert kernel_proto[1] == b"kernel_0" and kernel_proto[2] == launch.num_warps and kernel_proto[6] == 90
+    assert kernel_proto[4].decode() == launch.ptx and kernel_proto[10] == 1
+    assert [v for f, v in call if f == 2] == [launch.grid[0]]
+    assert len([v for f, v in call if f == 5]) == len(inputs) + 1  # one array parameter per buffer

@@ -93,43 +93,10 @@ def test_transformer_training_step_in_fused_plan_matches_jit():
     """A GPT-style step (attention, LayerNorm, GELU, tied embedding, SGD with momentum) run
     kernel-per-group. (AdamW would turn the key-bias gradient, which softmax's shift invariance
     makes zero up to rounding, into +-lr updates whose signs are rounding noise.)"""
-    import flax.linen as nn
-    import optax
-
     import jnova
+    from models import tiny
 
-    class Block(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            b, t, d = x.shape
-            qkv = nn.Dense(3 * d)(nn.LayerNorm()(x)).reshape(b, t, 3, 4, d // 4)
-            a = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)
-            x = x + nn.Dense(d)(a.reshape(b, t, d))
-            return x + nn.Dense(d)(nn.gelu(nn.Dense(4 * d)(nn.LayerNorm()(x))))
-
-    class Tiny(nn.Module):
-        @nn.compact
-        def __call__(self, ids):
-            emb = nn.Embed(97, 32)
-            x = emb(ids)
-            for _ in range(2):
-                x = Block()(x)
-            return emb.attend(nn.LayerNorm()(x))
-
-    rng = np.random.default_rng()
-    ids = jnp.asarray(rng.integers(0, 97, (2, 17)), jnp.int32)
-    model, opt = Tiny(), optax.sgd(0.1, momentum=0.9)
-    params = model.init(jax.random.key(int(rng.integers(1 << 30))), ids[:, :-1])
-    state = opt.init(params)
-
-    def step(params, state, ids):
-        def loss(p):
-            logits = model.apply(p, ids[:, :-1])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, ids[:, 1:]).mean()
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, state = opt.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, value
-
+    step, params, state, ids = tiny.setup()
     compiled = jnova.compile(step, kernels="fused")
     got = compiled(params, state, ids)
     want = jax.jit(step)(params, state, ids)

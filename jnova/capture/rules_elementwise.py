@@ -7,11 +7,11 @@ from jnova.capture.to_nova import Unsupported, out_type, rule
 UNARY = {
     "neg": "neg", "abs": "abs", "sign": "sign", "square": "square", "not": "not",
     "exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log1p": "log1p",
-    "tanh": "tanh", "logistic": "logistic", "erf": "erf", "erf_inv": "erf_inv", "sqrt": "sqrt",
+    "tanh": "tanh", "logistic": "logistic", "erf": "erf", "erfc": "erfc", "erf_inv": "erf_inv", "sqrt": "sqrt",
     "rsqrt": "rsqrt", "cbrt": "cbrt", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin",
     "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
     "acosh": "acosh", "atanh": "atanh", "floor": "floor", "ceil": "ceil", "is_finite": "is_finite",
-    "population_count": "population_count",
+    "population_count": "population_count", "clz": "clz",
 }
 BINARY = {
     "add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "rem": "rem", "max": "max", "min": "min",
@@ -75,6 +75,12 @@ def _clamp(b, eqn, lo, x, hi):
     out = out_type(eqn)
     lo, hi = b.broadcast_to(lo, out.shape), b.broadcast_to(hi, out.shape)
     return b.emit("nova.min", [b.emit("nova.max", [x, lo], out), hi], out)
+
+
+@rule("reduce_precision")
+def _reduce_precision(b, eqn, x):
+    return b.emit("nova.reduce_precision", [x], out_type(eqn), exponent_bits=int(eqn.params["exponent_bits"]),
+                  mantissa_bits=int(eqn.params["mantissa_bits"]))
 
 
 @rule("convert_element_type")

@@ -1,6 +1,8 @@
 """Conversion rules for reductions and contractions."""
 from __future__ import annotations
 
+from jax import lax
+
 from jnova.capture.to_nova import Unsupported, out_type, rule
 
 REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod",
@@ -17,9 +19,14 @@ def _reduce(b, eqn, x):
 
 @rule("dot_general")
 def _dot_general(b, eqn, lhs, rhs):
+    """Mixed operand types (int8 x bf16) are fine: the lowering converts each operand to the accumulator."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     out = out_type(eqn)
-    if lhs.type.dtype != rhs.type.dtype:
-        raise Unsupported(f"mixed operand types {lhs.type.dtype} x {rhs.type.dtype}")
+    precision = eqn.params.get("precision")
+    algorithm = isinstance(precision, (lax.DotAlgorithm, lax.DotAlgorithmPreset))
+    if algorithm and precision != lax.DotAlgorithmPreset.DEFAULT:
+        raise Unsupported(f"precision={precision} (jnova computes in the operand types, accumulating in f32)")
+    if "bool" in (lhs.type.dtype, rhs.type.dtype):
+        raise Unsupported("bool operands")
     return b.emit("nova.matmul", [lhs, rhs], out, lhs_batch=tuple(map(int, lb)), rhs_batch=tuple(map(int, rb)),
                   lhs_contract=tuple(map(int, lc)), rhs_contract=tuple(map(int, rc)))

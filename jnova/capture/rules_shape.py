@@ -16,6 +16,10 @@ def _broadcast_in_dim(b, eqn, x, *dyn):
 @rule("reshape", "squeeze", "expand_dims")
 def _reshape(b, eqn, x, *dyn):
     out = out_type(eqn)
+    order = eqn.params.get("dimensions") if eqn.primitive.name == "reshape" else None
+    if order is not None and tuple(order) != tuple(range(x.type.rank)):  # lax.reshape(dimensions=...): transpose first
+        perm = tuple(int(d) for d in order)
+        x = b.emit("nova.transpose", [x], x.type.with_shape([x.type.shape[d] for d in perm]), perm=perm)
     return x if out == x.type else b.emit("nova.reshape", [x], out)
 
 

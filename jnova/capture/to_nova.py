@@ -149,6 +149,7 @@ class _Converter:
         self.site_paths: list[tuple[int, ...]] = []
         self.path: list[int] = []
         self.fallbacks: dict[str, str] = {}
+        self.call_site: str | None = None  # user line of the inlined call being converted
 
     def convert(self, jaxpr, in_values: list[Value]) -> list[Value]:
         env: dict = dict(zip(jaxpr.constvars + jaxpr.invars, in_values))
@@ -169,13 +170,18 @@ class _Converter:
 
     def convert_eqn(self, eqn, operands: list[Value]) -> list[Value]:
         name = eqn.primitive.name
-        self.b.loc = source_line(eqn) or None
+        # equations inside a jitted library function (jnp.sort, ...) have no user frame: use the call's
+        self.b.loc = source_line(eqn) or self.call_site
         if name in CALL_PRIMITIVES:
             inner = _inner_jaxpr(eqn)
             if inner is not None:
                 jaxpr, consts = inner
                 const_values = [self.b.constant(np.asarray(c), dtype_name(np.asarray(c).dtype), np.shape(c)) for c in consts]
-                return self.convert(jaxpr, const_values + operands)
+                outer, self.call_site = self.call_site, self.b.loc
+                try:
+                    return self.convert(jaxpr, const_values + operands)
+                finally:
+                    self.call_site = outer
         reason = f"no jnova rule for '{name}'"
         fn = RULES.get(name)
         if fn is not None:
@@ -188,7 +194,7 @@ class _Converter:
 
     def emit_fallback(self, eqn, operands, reason: str) -> list[Value]:
         name = eqn.primitive.name
-        where = source_line(eqn)
+        where = self.b.loc
         if self.fallback == "error":
             raise UnsupportedPrimitiveError(
                 f"jnova cannot compile the JAX primitive '{name}' ({reason})"

@@ -49,7 +49,7 @@ def abstract(x) -> jax.ShapeDtypeStruct:
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return jax.ShapeDtypeStruct(x.shape, x.dtype)
     try:
-        aval = jax.core.get_aval(x)
+        aval = jax.typeof(x)   # jax.core.get_aval was removed in JAX 0.10
     except TypeError:
         raise TypeError(
             f"jnova.compile: argument of type {type(x).__name__} is not an array; pass arrays, "

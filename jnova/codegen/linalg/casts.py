@@ -18,8 +18,10 @@ def emit_cast(s, x: str, src: str, dst: str) -> str:
         if dst in FLOAT_DTYPES:
             return s.op(f"arith.uitofp {x} : i1 to {ed}")
         return s.op(f"arith.extui {x} : i1 to {ed}")
+    if dst == "bfloat16" and src not in ("float32", "bfloat16"):  # as XLA: everything reaches bf16 through f32
+        return emit_cast(s, emit_cast(s, x, src, "float32"), "float32", dst)
     if src in FLOAT_DTYPES and dst in FLOAT_DTYPES:
-        if bitwidth(src) == bitwidth(dst):  # bf16 <-> f16 goes through f32
+        if bitwidth(src) == bitwidth(dst):  # f16 -> bf16 handled above; bf16 -> f16 through f32 (exact)
             wide = s.op(f"arith.extf {x} : {es} to f32")
             return s.op(f"arith.truncf {wide} : f32 to {ed}")
         op = "arith.extf" if bitwidth(dst) > bitwidth(src) else "arith.truncf"

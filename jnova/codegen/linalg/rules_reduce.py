@@ -5,7 +5,7 @@ import numpy as np
 
 from jnova.codegen.linalg.emitter import affine_map, compute_dtype, element
 from jnova.codegen.linalg.lowering import LoweringError, lowering
-from jnova.dialect.types import FLOAT_DTYPES, UNSIGNED_DTYPES, TensorType
+from jnova.dialect.types import FLOAT_DTYPES, UNSIGNED_DTYPES
 
 
 def reduce_init(kind: str, dtype: str):
@@ -25,10 +25,12 @@ def reduce_init(kind: str, dtype: str):
 
 
 def combine(s, kind: str, dtype: str, acc: str, x: str) -> str:
-    """acc (+) x for a reduction `kind` in `dtype` (NaN-propagating max/min like XLA)."""
+    """acc (+) x for a reduction `kind` in `dtype` (max/min: NaN-propagating, -0.0 < +0.0, like XLA)."""
     e = element(dtype)
+    if dtype in FLOAT_DTYPES and kind in ("max", "min"):
+        return s.float_max_min(kind, acc, x, dtype)
     if dtype in FLOAT_DTYPES:
-        name = {"sum": "arith.addf", "prod": "arith.mulf", "max": "arith.maximumf", "min": "arith.minimumf"}.get(kind)
+        name = {"sum": "arith.addf", "prod": "arith.mulf"}.get(kind)
     elif dtype == "bool":
         name = {"sum": "arith.ori", "or": "arith.ori", "max": "arith.ori", "prod": "arith.andi", "and": "arith.andi",
                 "min": "arith.andi", "xor": "arith.xori"}.get(kind)

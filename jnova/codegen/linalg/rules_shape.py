@@ -1,7 +1,9 @@
 """linalg lowerings of nova ops that move data: broadcast, reshape, transpose, iota, constant."""
 from __future__ import annotations
 
-from jnova.codegen.linalg.emitter import affine_map, element, identity_map, tensor
+import numpy as np
+
+from jnova.codegen.linalg.emitter import affine_map, identity_map, tensor
 from jnova.codegen.linalg.lowering import lowering
 from jnova.dialect.ir import print_dense
 from jnova.dialect.types import TensorType
@@ -69,9 +71,10 @@ def _iota(em, op):
 @lowering("nova.constant")
 def _constant(em, op):
     out = op.results[0].type
-    text = print_dense(op.attrs["value"], out)
-    # dense attributes of unsigned tensors are spelled with signless types in codegen
+    value, printed = op.attrs["value"], out
+    if out.dtype == "bool":  # bool tensors hold bytes in codegen
+        value, printed = np.asarray(value).astype(np.int8), out.with_dtype("int8")
+    text = print_dense(value, printed)
+    # codegen spells unsigned (and bool) tensors with signless types
     text = text[: text.rindex(":")] + ": " + tensor(out)
-    if out.dtype.startswith("uint"):
-        text = text.replace(f"x{'ui'}", "xi")
     return em.op(f"arith.constant {text}")

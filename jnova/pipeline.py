@@ -130,8 +130,8 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     if disk:
         disk.store(disk_key, {"meta.json": json.dumps(meta), "nova.mlir": nova_text, **compiled.files})
     with stage("jit"):                  # the step: kernel binds + fallback ops, planned by XLA
-        run = jax.jit(step_function(plan_json, program.sites, compiled.handles, program.const_args),
-                      donate_argnums=donate)
+        run = jax.jit(step_function(plan_json, program.sites, compiled.handles, program.const_args,
+                                    captured.in_avals, captured.out_avals), donate_argnums=donate)
     _dump(func.name, key, texts, meta, times)
     log.info("jnova compiled %s for %s: %d ops, %d kernels, %d fallbacks%s in %.2f s", func.name, target_name,
              len(func.ops), len(plan.kernels), len(plan.steps) - len(plan.kernels),
@@ -157,8 +157,8 @@ def _restore(entry: dict, captured: Captured, key: str, donate, stage, times) ->
     compiled = restore(entry, plan_json, stage)
     sites = [find_site(captured.jaxpr, tuple(p)) for p in meta["site_paths"]]
     with stage("jit"):
-        run = jax.jit(step_function(plan_json, sites, compiled.handles, large_constants(captured)),
-                      donate_argnums=donate)
+        run = jax.jit(step_function(plan_json, sites, compiled.handles, large_constants(captured),
+                                    captured.in_avals, captured.out_avals), donate_argnums=donate)
     texts = {"jaxpr": str(captured.jaxpr), "nova": entry["nova.mlir"], **compiled.texts}
     log.info("jnova restored a compiled step from the persistent cache in %.2f s", sum(times.values()))
     return Executable(run, captured, meta, key, texts, times, "disk")

@@ -387,3 +387,31 @@ def test_iota_for_int_and_float_dtypes():
     got = jax.tree.map(np.asarray, jnova.compile(step, fallback="error")())
     want = jax.tree.map(np.asarray, jax.jit(step)())
     assert_all_close(got, want, 0)
+
+
+def test_bitcast_convert_type_same_width():
+    import jnova
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+
+    def f(x):
+        bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+        back = jax.lax.bitcast_convert_type(bits ^ 1, jnp.float32)
+        return bits, back, jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+
+    got = jnova.compile(f, fallback="error")(x)
+    for a, b in zip(got, jax.jit(f)(x)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_random_bits_inside_a_step_compile():
+    """jax.random.uniform bitcasts random bits to floats (dropout masks, initializers)."""
+    import jnova
+
+    def f(x, key):
+        return x * jax.random.uniform(key, x.shape)
+
+    x = np.random.default_rng().standard_normal((4, 9)).astype(np.float32)
+    key = jax.random.key(int(np.random.default_rng().integers(1 << 30)))
+    np.testing.assert_array_equal(jnova.compile(f)(x, key), jax.jit(f)(x, key))

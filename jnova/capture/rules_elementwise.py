@@ -92,3 +92,11 @@ def _convert(b, eqn, x):
 @rule("stop_gradient", "copy", "copy_p", "optimization_barrier", "reduce_precision_identity")
 def _identity(b, eqn, *xs):
     return list(xs)
+
+
+@rule("bitcast_convert_type")
+def _bitcast_convert_type(b, eqn, x):
+    out = out_type(eqn)
+    if out.shape != x.type.shape:
+        raise Unsupported(f"bitcast between widths ({x.type.dtype} -> {out.dtype}) changes the shape")
+    return x if out == x.type else b.emit("nova.bitcast", [x], out)

@@ -20,7 +20,7 @@ from jnova.capture.trace import Captured
 from jnova.dialect.ir import Func, Op, Value
 from jnova.dialect.ops import OPS, BroadcastOp, ConstantOp, FallbackOp
 from jnova.dialect.types import TensorType, dtype_name
-from jnova.runtime.jax_internals import source_line
+from jnova.runtime.jax_internals import is_key, source_line
 
 log = logging.getLogger("jnova.capture")
 
@@ -184,6 +184,8 @@ class _Converter:
                     self.call_site = outer
         reason = f"no jnova rule for '{name}'"
         fn = RULES.get(name)
+        if any(is_key(v.aval) for v in list(eqn.invars) + list(eqn.outvars)):
+            fn, reason = None, "PRNG keys run as XLA ops"  # jnova holds keys as raw data only
         if fn is not None:
             try:
                 out = fn(self.b, eqn, *operands)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from jnova.dialect.ir import Bool, Dense, F64, I64, I64Array, Op, Str
-from jnova.dialect.types import FLOAT_DTYPES, INTEGER_DTYPES, TensorType, numpy_dtype
+from jnova.dialect.types import FLOAT_DTYPES, INTEGER_DTYPES, TensorType, bitwidth, numpy_dtype
 
 OPS: dict[str, type[Op]] = {}
 
@@ -151,6 +151,19 @@ class ConvertOp(Op):
 
     def verify_(self):
         _same_shape(self, "result", self.results[0].type, self.operands[0].type)
+
+
+@register
+class BitcastOp(ConvertOp):
+    """Reinterpret each element's bits as another type of the same width (bitcast_convert_type)."""
+
+    name = "nova.bitcast"
+
+    def verify_(self):
+        super().verify_()
+        src, dst = self.operands[0].type.dtype, self.results[0].type.dtype
+        if "bool" in (src, dst) or bitwidth(src) != bitwidth(dst):
+            raise self.error(f"cannot bitcast {src} to {dst}: expected two non-bool types of the same width")
 
 
 # --------------------------------------------------------------------------- shapes

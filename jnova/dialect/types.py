@@ -105,5 +105,12 @@ class TensorType:
 
     @staticmethod
     def of(aval) -> "TensorType":
-        """The nova type of a JAX abstract value (or anything with .shape and .dtype)."""
+        """The nova type of a JAX abstract value (or anything with .shape and .dtype).
+
+        A typed PRNG key is its raw data: uint32 with the key's data shape appended.
+        """
+        from jnova.runtime.jax_internals import is_key, key_data_shape
+
+        if is_key(aval.dtype):
+            return TensorType(tuple(aval.shape) + key_data_shape(aval.dtype), "uint32")
         return TensorType(tuple(aval.shape), dtype_name(aval.dtype))

@@ -7,14 +7,27 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
+
 from jnova.primitives.nova_kernel import KernelHandle, nova_kernel_p
+from jnova.runtime.jax_internals import is_key, wrap_key
 
 
-def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], const_args: list) -> Callable:
-    """A function of the step's flat arguments returning its flat outputs (to be jitted)."""
+def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], const_args: list,
+                  in_avals=(), out_avals=()) -> Callable:
+    """A function of the step's flat arguments returning its flat outputs (to be jitted).
+
+    Typed PRNG keys live in nova as their raw uint32 data: arguments are unwrapped on entry,
+    wrapped again for the fallback equations that take keys, and for the results that are keys.
+    """
+    key_args = [i for i, a in enumerate(in_avals) if is_key(a)]
+    key_outs = {i: a.dtype for i, a in enumerate(out_avals) if is_key(a)}
 
     def run(*flat_args):
-        env: dict[int, object] = dict(enumerate(list(flat_args) + list(const_args)))
+        flat_args = list(flat_args)
+        for i in key_args:
+            flat_args[i] = jax.random.key_data(flat_args[i])
+        env: dict[int, object] = dict(enumerate(flat_args + list(const_args)))
         for step in plan["steps"]:
             ins = [env[i] for i in step["in"]]
             if "kernel" in step:
@@ -24,10 +37,16 @@ def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], con
                 else:  # a group with no kernel builder on this backend: its ops as JAX ops
                     outs = handle(*ins)
             else:  # a fallback op: the original JAX equation, bound as XLA would run it
-                eqn = sites[step["site"]]
-                outs = eqn.primitive.bind(*ins, **eqn.params)
-                outs = outs if eqn.primitive.multiple_results else [outs]
+                outs = _bind(sites[step["site"]], ins)
             env.update(zip(step["out"], outs))
-        return [env[i] for i in plan["returns"]]
+        outs = [env[i] for i in plan["returns"]]
+        return [wrap_key(x, key_outs[i]) if i in key_outs else x for i, x in enumerate(outs)]
 
     return run
+
+
+def _bind(eqn, ins: list) -> list:
+    ins = [wrap_key(x, v.aval.dtype) if is_key(v.aval) else x for x, v in zip(ins, eqn.invars)]
+    outs = eqn.primitive.bind(*ins, **eqn.params)
+    outs = outs if eqn.primitive.multiple_results else [outs]
+    return [jax.random.key_data(x) if is_key(v.aval) else x for x, v in zip(outs, eqn.outvars)]

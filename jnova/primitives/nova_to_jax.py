@@ -106,6 +106,7 @@ _RULES = {
     "compare": lambda op, a, out, x, y: COMPARE[a["predicate"]](x, y),
     "select": _select,
     "convert": lambda op, a, out, x: lax.convert_element_type(x, _dt(out)),
+    "bitcast": lambda op, a, out, x: lax.bitcast_convert_type(x, _dt(out)),
     "round": _round,
     "ipow": lambda op, a, out, x: lax.integer_pow(x, a["exponent"]),
     "reduce_precision": lambda op, a, out, x: lax.reduce_precision(x, a["exponent_bits"], a["mantissa_bits"]),

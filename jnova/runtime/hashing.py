@@ -6,7 +6,9 @@ their primitive and parameters, with object addresses scrubbed.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import pathlib
 import re
 
 import jax
@@ -16,9 +18,20 @@ import jnova
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """A digest of jnova's own sources: a fix to the compiler invalidates what it compiled before."""
+    h = hashlib.sha256()
+    root = pathlib.Path(jnova.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def structural_hash(func_text: str, sites: list, options: dict, target: str = "cpu") -> str:
     h = hashlib.sha256()
-    for part in (f"jnova {jnova.__version__}", f"jax {jax.__version__}", f"target {target}",
+    for part in (f"jnova {jnova.__version__} {code_digest()}", f"jax {jax.__version__}", f"target {target}",
                  "options " + repr(sorted(options.items())), func_text):
         h.update(part.encode())
         h.update(b"\0")

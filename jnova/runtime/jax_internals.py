@@ -29,3 +29,22 @@ def gpu_triton():
     except ImportError:
         return None
     return module if getattr(module, "TritonKernel", None) is not None else None
+
+
+def is_key(aval_or_dtype) -> bool:
+    """Whether a value (or dtype) is a typed PRNG key (`key<fry>`)."""
+    dtype = getattr(aval_or_dtype, "dtype", aval_or_dtype)
+    try:
+        return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    except TypeError:
+        return False
+
+
+def key_data_shape(dtype) -> tuple[int, ...]:
+    """The trailing uint32 shape of one key's raw data (e.g. (2,) for threefry)."""
+    return tuple(dtype._impl.key_shape)  # private: the key type's PRNG implementation
+
+
+def wrap_key(data, dtype):
+    """Raw uint32 key data back into keys of `dtype`."""
+    return jax.random.wrap_key_data(data, impl=dtype._impl)

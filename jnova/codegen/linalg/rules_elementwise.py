@@ -362,3 +362,10 @@ def _select(em, op, which, *cases):
 def _convert(em, op, x):
     src, dst = op.operands[0].type.dtype, op.results[0].type.dtype
     return em.map_elementwise([(x, op.operands[0].type)], op.results[0].type, lambda s, a: s.cast(a[0], src, dst))
+
+
+@lowering("nova.bitcast")
+def _bitcast(em, op, x):
+    src, dst = element(op.operands[0].type.dtype), element(op.results[0].type.dtype)
+    return em.map_elementwise([(x, op.operands[0].type)], op.results[0].type,
+                              lambda s, a: s.op(f"arith.bitcast {a[0]} : {src} to {dst}"))

@@ -119,8 +119,9 @@ def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
         else:
             f = groups[name]
             handles[name] = evaluate_ops(f.ops, f.args, f.returns)
-    texts = {"gpu": "\n".join(l.gpu_module for l in launches.values()),
-             "ptx": "\n".join(l.ptx for l in launches.values()),
+    distinct = list({l.ptx: l for l in launches.values()}.values())  # kernels compiled once, shown once
+    texts = {"gpu": "\n".join(l.gpu_module for l in distinct),
+             "ptx": "\n".join(l.ptx for l in distinct),
              "xla_groups": files["xla_groups.mlir"]}
     return CompiledKernels(handles, texts, files, json.loads(files["xla_reasons.json"]))
 

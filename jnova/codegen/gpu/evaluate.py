@@ -118,7 +118,7 @@ class Evaluator:
                 raise LoweringError("internal: a pinned value read at several lanes")
             return [self.pinned[v]]
         op = v.owner
-        if op is None:
+        if op is None or v in self.memrefs:  # a kernel input: load it, never recompute its producer
             return self._load(v, p)
         if p.lanes > 1 and p.contiguous and self._needs_split(op, p):
             return [self.lanes(v, q)[0] for q in self.split(p)]

@@ -98,6 +98,7 @@ def every_op_func() -> Func:
     b("nova.select", [flag, x, consts[0]], F32)
     b("nova.select", [i, x, consts[0], consts[1]], F32)
     b("nova.convert", [x], BF16)
+    b("nova.bitcast", [x], x.type.with_dtype("int32"))
     b("nova.broadcast", [consts[12]], TensorType((4, 6), "float32"), dims=())
     b("nova.broadcast", [cube], TensorType((2, 5, 3, 4), "float32"), dims=(0, 2, 3))
     b("nova.reshape", [x], TensorType((24,), "float32"))

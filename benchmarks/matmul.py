@@ -1,0 +1,239 @@
+"""Contractions: jnova's generated kernel against XLA, TFLOP/s on the current GPU.
+
+    JAX_PLATFORMS=cuda python benchmarks/matmul.py                 # the nine shapes, f32 (TF32) and bf16
+    JAX_PLATFORMS=cuda python benchmarks/matmul.py --variants      # + other tile configs on GPT-2 shapes
+    JAX_PLATFORMS=cuda python benchmarks/matmul.py --dtypes bfloat16 --shapes 16384x3072x768
+
+C = A @ B with A [M, K], B [K, N] (row-major), f32 output. XLA runs `jnp.matmul` at matching
+precision: f32 under `jax.default_matmul_precision("tensorfloat32")`, bf16 with
+`preferred_element_type=float32`. jnova runs the kernel `build_matmul` generates from the Analytic
+Configurator's TileConfig, launched through `nova_kernel_p` (jaxlib's PTX kernel call) under jit.
+Both are timed the same way: back-to-back calls (dispatch overlaps the GPU work), the median per-call
+time over repeated timed batches, after warm-up, on random inputs. Every jnova result is compared
+with XLA's (relative error in norm) before it is timed.
+
+When OUT is set, one JSON record per measurement goes to $OUT/matmul.jsonl (DESIGN.md, "Testing"),
+tagged with JNOVA_SHA (the git commit; the GPU machine has no .git).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jnova.codegen.gpu import matmul_wgmma
+from jnova.codegen.gpu.matmul import build_matmul
+from jnova.dialect.types import TensorType
+from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles
+from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
+from jnova.primitives.nova_kernel import nova_kernel_p
+from jnova.runtime.target import get_target
+
+SHAPES = [(512, 512, 512), (1024, 1024, 1024), (5120, 5120, 5120), (16384, 3072, 768), (16384, 768, 3072),
+          (16384, 50304, 768), (16384, 768, 50304), (4096, 768, 50304), (4096, 768, 3072)]
+GPT2 = [(16384, 3072, 768), (16384, 768, 3072), (16384, 50304, 768), (16384, 768, 50304), (4096, 768, 50304),
+        (4096, 768, 3072)]
+VARIANTS = {  # other schedules than the configurator's, to see where its choice stands
+    "float32": ["block=128x256x32 warps=2x4 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128",
+                "block=128x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128",  # 2 blocks / SM
+                "block=256x128x32 warps=4x2 stages=4 mma=mma_sync_tf32_16x8x8 swizzle=128"],
+    "bfloat16": ["block=128x128x64 warps=4x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128",  # 2 blocks / SM
+                 "block=128x128x64 warps=4x1 stages=2 mma=wgmma_bf16_m64nNk16 swizzle=128",  # 3 blocks / SM
+                 "block=128x256x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
+                 "block=256x128x64 warps=8x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128"],
+}
+TOLERANCE = {"float32": 2e-3, "bfloat16": 1e-3}  # vs XLA: both TF32 / both f32-accumulated bf16
+
+
+def timed(fn, args, reps: int = 7, batch_seconds: float = 0.03) -> float:
+    """Median seconds per call over `reps` batches of back-to-back calls."""
+    fn(*args).block_until_ready()
+    start = time.perf_counter()
+    fn(*args).block_until_ready()
+    once = time.perf_counter() - start
+    calls = max(1, min(100, int(batch_seconds / max(once, 1e-6))))
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        out.block_until_ready()
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+def jnova_call(kernel, problem: ContractionProblem):
+    handle = GpuKernelHandle(kernel.launch(), [TensorType((problem.m, problem.n), "float32")])
+    return jax.jit(lambda a, b: nova_kernel_p.bind(a, b, kernel=handle)[0])
+
+
+def xla_call(dtype: str):
+    call = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
+    if dtype != "float32":
+        return call
+
+    def tf32(a, b):
+        with jax.default_matmul_precision("tensorfloat32"):
+            return call(a, b)
+    return tf32
+
+
+def relative_error(x, y) -> float:
+    return float(jnp.linalg.norm((x - y).astype(jnp.float32)) / jnp.linalg.norm(y.astype(jnp.float32)))
+
+
+def build_all(jobs, target):
+    """GpuKernel (or the exception) per job (problem, config), compiled in parallel processes."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=context) as pool:
+        futures = [pool.submit(build_matmul, problem, config, target) for problem, config in jobs]
+        return [f.exception() or f.result() for f in futures]
+
+
+def diagnose_wgmma(target, records_note: list) -> None:
+    """If a bf16 kernel with an MN-major operand is wrong, try the other reading of the MN-major
+    descriptor's offsets (LBO and SBO exchanged) and say whether that fixes it."""
+    key = jax.random.PRNGKey(7)
+    for a_layout, b_layout in (("row", "row"), ("col", "col"), ("row", "col"), ("col", "row")):
+        problem = ContractionProblem(512, 256, 192, operand_dtype="bfloat16", a_layout=a_layout, b_layout=b_layout)
+        a = jax.random.normal(key, (512, 192) if a_layout == "row" else (192, 512), jnp.bfloat16)
+        b = jax.random.normal(key, (192, 256) if b_layout == "row" else (256, 192), jnp.bfloat16)
+        want = jnp.matmul(a if a_layout == "row" else a.T, b if b_layout == "row" else b.T,
+                          preferred_element_type=jnp.float32)
+        config = TileConfig.parse("block=128x128x64 warps=4x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128")
+        for swap in (False, True):
+            original = matmul_wgmma.mn_major_offsets
+            if swap:
+                matmul_wgmma.mn_major_offsets = lambda tile, built=original: tuple(reversed(built(tile)))
+            try:
+                kernel = build_matmul(problem, config, target, name=f"diag_{a_layout}{b_layout}_{int(swap)}")
+            finally:
+                matmul_wgmma.mn_major_offsets = original
+            err = relative_error(jnova_call(kernel, problem)(a, b), want)
+            line = f"diagnose wgmma a={a_layout} b={b_layout} lbo/sbo {'swapped' if swap else 'as built'}: rel err {err:.2e}"
+            print(line)
+            records_note.append(line)
+
+
+def mainloop_only(target, shapes, dtypes, notes: list) -> None:
+    """Time the configurator's kernel with its stores removed (the accumulators are summed and stored
+    only if the sum is an impossible value), to see what the epilogue costs."""
+    from jnova.codegen.gpu import matmul as matmul_module
+
+    def no_store(ctx, epilogue, fragments):
+        em = ctx.em
+        total = fragments[0].values[0]
+        for f in fragments:
+            for v in f.values:
+                total = em.op(f"arith.addf {total}, {v} : f32")
+        never = em.op(f"arith.cmpf oeq, {total}, {em.op('arith.constant 1.25e+38 : f32')} : f32")
+        with em.region(f"scf.if {never} {{"):
+            em.line(f"memref.store {total}, {ctx.memrefs['c'][0]}[{em.index(0)}] : {ctx.memrefs['c'][1]}")
+
+    original = matmul_module.store_fragments
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            problem = ContractionProblem(m, n, k, operand_dtype=dtype)
+            config = choose_tiles(problem, target)
+            matmul_module.store_fragments = no_store
+            try:
+                kernel = build_matmul(problem, config, target, name=f"mainloop_only_{dtype}_{m}x{n}x{k}")
+            finally:
+                matmul_module.store_fragments = original
+            a = jnp.ones((m, k), jnp.dtype(dtype))
+            b = jnp.ones((k, n), jnp.dtype(dtype))
+            t = timed(jnova_call(kernel, problem), (a, b))
+            line = f"mainloop only {dtype} {m}x{n}x{k} {config}: {problem.flops / t / 1e12:.1f} TFLOP/s ({t * 1e3:.3f} ms)"
+            print(line)
+            notes.append(line)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--shapes", default=",".join(f"{m}x{n}x{k}" for m, n, k in SHAPES))
+    parser.add_argument("--variants", action="store_true", help="also time other tile configs on GPT-2 shapes")
+    parser.add_argument("--diagnose", action="store_true", help="check the wgmma descriptor variants first")
+    args = parser.parse_args(argv)
+    register_gpu_lowering()
+    try:
+        target = get_target(None)
+    except RuntimeError as e:
+        print(f"(device query failed: {e}; using the h200 preset)")
+        target = get_target("h200")
+    device = jax.devices()[0].device_kind
+    notes: list[str] = []
+    if args.diagnose:
+        diagnose_wgmma(target, notes)
+        mainloop_only(target, [(16384, 3072, 768), (16384, 768, 3072)], args.dtypes.split(","), notes)
+
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    jobs = []  # (label, problem, config, chosen?)
+    for dtype in args.dtypes.split(","):
+        for m, n, k in shapes:
+            problem = ContractionProblem(m, n, k, operand_dtype=dtype)
+            jobs.append((problem, choose_tiles(problem, target), True))
+            if args.variants and (m, n, k) in GPT2:
+                jobs += [(problem, TileConfig.parse(v), False) for v in VARIANTS[dtype]]
+    start = time.time()
+    kernels = build_all([(p, c) for p, c, _ in jobs], target)
+    print(f"compiled {len(kernels)} kernels in {time.time() - start:.1f} s")
+
+    records, rows = [], []
+    base = {"bench": "matmul", "device": device, "date": datetime.date.today().isoformat(),
+            "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown")}
+    xla_done = {}
+    for (problem, config, chosen), kernel in zip(jobs, kernels):
+        case, dtype = f"{problem.m}x{problem.n}x{problem.k}", problem.operand_dtype
+        key = jax.random.PRNGKey(problem.m + problem.n + problem.k)
+        ka, kb = jax.random.split(key)
+        a = jax.random.normal(ka, (problem.m, problem.k), jnp.dtype(dtype))
+        b = jax.random.normal(kb, (problem.k, problem.n), jnp.dtype(dtype))
+        xla = xla_call(dtype)
+        if (case, dtype) not in xla_done:
+            xla_done[(case, dtype)] = timed(xla, (a, b))
+            records.append({**base, "case": case, "dtype": dtype, "impl": "xla", "metric": "tflops",
+                            "value": round(problem.flops / xla_done[(case, dtype)] / 1e12, 2)})
+        t_xla = xla_done[(case, dtype)]
+        impl = "jnova" if chosen else "jnova-variant"
+        if isinstance(kernel, BaseException):
+            rows.append((case, dtype, impl, None, t_xla, None, f"{config}: BUILD FAILED {type(kernel).__name__}: {kernel}"))
+            continue
+        call = jnova_call(kernel, problem)
+        err = relative_error(call(a, b), xla(a, b))
+        if not err < TOLERANCE[dtype]:
+            rows.append((case, dtype, impl, None, t_xla, err, f"{config}: WRONG (rel err {err:.2e} vs XLA)"))
+            continue
+        t = timed(call, (a, b))
+        records.append({**base, "case": case, "dtype": dtype, "impl": impl, "metric": "tflops",
+                        "value": round(problem.flops / t / 1e12, 2), "config": str(config)})
+        rows.append((case, dtype, impl, t, t_xla, err, str(config)))
+        del a, b
+
+    print(f"\n{device}, jax {jax.__version__}, jnova {base['jnova']}")
+    print(f"{'case':>18} {'dtype':>9} {'impl':>13} {'jnova TF/s':>10} {'xla TF/s':>9} {'ratio':>6} {'rel err':>8}  config")
+    for case, dtype, impl, t, t_xla, err, note in rows:
+        m, n, k = (int(x) for x in case.split("x"))
+        flops = 2 * m * n * k
+        ours = f"{flops / t / 1e12:10.1f}" if t else f"{'-':>10}"
+        ratio = f"{t_xla / t:6.2f}" if t else f"{'-':>6}"
+        print(f"{case:>18} {dtype:>9} {impl:>13} {ours} {flops / t_xla / 1e12:9.1f} {ratio} "
+              f"{err if err is None else format(err, '.1e'):>8}  {note}")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "matmul.jsonl"), "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

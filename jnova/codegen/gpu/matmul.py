@@ -1,0 +1,193 @@
+"""Contraction kernels: C[b, M, N] = A[b] @ B[b] (+ bias[N]) (+ residual[b, M, N]), f32 output.
+
+`build_matmul(problem, config, target, epilogue)` writes one `gpu.func` from the TileConfig the
+Analytic Configurator chose and compiles it to PTX. Two main loops (report, section 4.5):
+
+  bf16 / f16 on sm_90a   `matmul_wgmma.py`: a multi-stage cp.async ring of 128-byte-swizzled tiles
+                          read by `wgmma.mma_async` through shared-memory descriptors (the
+                          warpgroup grid from the config; one wgmma group kept in flight);
+  f32 (TF32)             `matmul_mma.py`: a multi-stage cp.async ring read by `mma.sync m16n8k8`
+                          with ldmatrix for K-major tiles and 32-bit scalar reads for MN-major ones
+                          (never ldmatrix.trans on 32-bit data: report, Table 1).
+
+Why cp.async and not TMA for wgmma: a TMA descriptor depends on the buffer address, so it is built at
+launch time, and jnova's kernels launch through jaxlib's PTX kernel call with plain pointer
+parameters; a cp.async ring needs nothing but the pointers.
+
+Layouts: A is [M, K] (`a_layout="row"`) or [K, M] ("col"); B is [K, N] ("row") or [N, K] ("col",
+what the backward pass needs). Any M, N, K: copies past an edge are zero-filled and the epilogue
+stores are masked. Batch is the grid's z dimension. The epilogue works on the accumulator registers:
+bias (per column) and residual (per element) are added before the one store of C.
+
+Kernel parameters, in order: a, b, [bias], [residual], c (one pointer each, 16-byte aligned).
+Shared pieces: `matmul_smem.py` (tile layouts in shared memory, global -> shared copies),
+`matmul_epilogue.py` (the emission context, bias/residual and the store of C).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from jnova.codegen.gpu import matmul_mma, matmul_wgmma
+from jnova.codegen.gpu.compile import GpuLaunch
+from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, ptx_features
+from jnova.codegen.gpu.matmul_epilogue import BYTES, ELEMENT, Context, MatmulEpilogue, store_fragments
+from jnova.codegen.gpu.matmul_smem import SMEM, OperandTile
+from jnova.codegen.gpu.ptx import to_ptx
+from jnova.codegen.linalg.lowering import LoweringError
+from jnova.passes.configure_tiles import ContractionProblem, TileConfig
+from jnova.runtime.target import Target
+
+GROUP_M = 8  # block tiles along M that share a sweep over N (L2 reuse of the B panels)
+ALIGN = 16
+
+
+@dataclass(frozen=True)
+class GpuKernel:
+    """A compiled kernel and how to launch it; `params` names its buffers in order, ("in"|"out", name)."""
+
+    name: str
+    ptx: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem_bytes: int  # dynamic shared memory
+    params: tuple[tuple[str, str], ...]
+    compute_capability: int
+    schedule: str
+    gpu_module: str
+
+    def launch(self) -> GpuLaunch:
+        """The form `nova_kernel_p`'s CUDA lowering takes."""
+        return GpuLaunch(self.name, self.ptx, self.grid, self.block, self.shared_mem_bytes, self.compute_capability,
+                         self.schedule, self.gpu_module)
+
+
+def build_matmul(problem: ContractionProblem, config: TileConfig, target: Target,
+                 epilogue: MatmulEpilogue | None = None, name: str | None = None) -> GpuKernel:
+    """The kernel computing `problem` with `config` on `target` (LoweringError if it cannot)."""
+    module = matmul_module(problem, config, target, epilogue, name)
+    major, minor = target.compute_capability
+    return GpuKernel(module.name, to_ptx(module.text), module.grid, module.block, module.shared_mem_bytes,
+                     kernel_params(epilogue), 10 * major + minor, module.schedule, module.text)
+
+
+def kernel_params(epilogue: MatmulEpilogue | None) -> tuple[tuple[str, str], ...]:
+    extra = [] if epilogue is None else [n for n in ("bias", "residual") if getattr(epilogue, n)]
+    return (("in", "a"), ("in", "b"), *(("in", n) for n in extra), ("out", "c"))
+
+
+def matmul_refusal(problem: ContractionProblem, config: TileConfig, target: Target) -> str | None:
+    """Why no kernel of this module computes `problem` with `config` on `target`, or None."""
+    if problem.out_dtype != "float32":
+        return f"output dtype {problem.out_dtype}: the contraction kernels write f32"
+    if problem.operand_dtype == "float32":
+        if config.mma != "mma_sync_tf32_16x8x8":
+            return f"f32 operands need mma=mma_sync_tf32_16x8x8, config has {config.mma}"
+    elif config.is_wgmma:
+        if not target.has("wgmma"):
+            return f"{config.mma} needs wgmma, which {target.name} ({target.arch}) lacks"
+        if config.mma.split("_")[1] != ELEMENT[problem.operand_dtype]:
+            return f"{config.mma} does not take {problem.operand_dtype} operands"
+    else:
+        return f"{config.mma}: 16-bit mma.sync contractions are not generated yet (only wgmma on sm_90a)"
+    if config.split_k != 1:
+        return f"split_k={config.split_k}: the epilogue needs the whole K sum in one block"
+    return None
+
+
+def operand_tiles(problem: ContractionProblem, config: TileConfig, swizzle_a: str, swizzle_b: str):
+    e, nbytes = ELEMENT[problem.operand_dtype], BYTES[problem.operand_dtype]
+    a = OperandTile("a", e, nbytes, config.block_m, config.block_k, problem.a_layout == "row", swizzle_a,
+                    problem.m, problem.k)
+    b = OperandTile("b", e, nbytes, config.block_n, config.block_k, problem.b_layout == "col", swizzle_b,
+                    problem.n, problem.k)
+    return a, b
+
+
+def matmul_module(problem: ContractionProblem, config: TileConfig, target: Target,
+                  epilogue: MatmulEpilogue | None = None, name: str | None = None) -> GpuModule:
+    """The gpu.module text of the kernel (no compilation)."""
+    reason = matmul_refusal(problem, config, target)
+    if reason:
+        raise LoweringError(f"cannot build a contraction kernel for {problem}: {reason}")
+    family = matmul_wgmma if config.is_wgmma else matmul_mma
+    epilogue = epilogue or MatmulEpilogue()
+    name = name or default_name(problem, config, epilogue)
+    try:
+        a, b = operand_tiles(problem, config, *family.SWIZZLES(problem, config))
+    except ValueError as e:
+        raise LoweringError(f"cannot build a contraction kernel for {problem} with {config}: {e}") from None
+    threads = family.threads(problem, config)
+    tiles_m, tiles_n = math.ceil(problem.m / config.block_m), math.ceil(problem.n / config.block_n)
+    smem_bytes = config.stages * (a.bytes + b.bytes)
+    if smem_bytes > target.smem_per_block_optin:
+        raise LoweringError(f"{config}: {smem_bytes} B of shared memory exceed {target.name}'s "
+                            f"{target.smem_per_block_optin} B per block")
+
+    em = GpuEmitter()
+    memrefs = _parameters(problem, epilogue)
+    ctx = _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs)
+    fragments = family.main_loop(ctx)
+    store_fragments(ctx, epilogue, fragments)
+
+    args = ", ".join(f"{ssa}: {t} {{llvm.align = {ALIGN} : i64}}" for ssa, t in memrefs.values())
+    nvvm = f'#nvvm.target<O = 3, chip = "{target.arch}", features = "{ptx_features(target)}">'
+    text = "\n".join([
+        "module attributes {gpu.container_module} {",
+        f"gpu.module @{name}_module [{nvvm}] {{",
+        # minctasm = 1 (.minnctapersm 1): without it ptxas aims at several blocks per SM and spills,
+        # though shared memory allows one or two
+        (f"  gpu.func @{name}({args}) kernel attributes {{known_block_size = array<i32: {threads}, 1, 1>, "
+         f"nvvm.minctasm = 1 : i32}} {{"),
+        *em.lines,
+        "    gpu.return",
+        "  }",
+        "}",
+        "}",
+    ]) + "\n"
+    schedule = f"matmul[{family.__name__.rsplit('_', 1)[-1]}] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
+               f"{problem.operand_dtype} a={problem.a_layout} b={problem.b_layout} {config}"
+    return GpuModule(name, text, (tiles_m * tiles_n, 1, problem.batch), (threads, 1, 1), smem_bytes, schedule)
+
+
+def default_name(problem: ContractionProblem, config: TileConfig, epilogue: MatmulEpilogue) -> str:
+    extras = "".join(["_bias" if epilogue.bias else "", "_res" if epilogue.residual else ""])
+    text = (f"matmul_{ELEMENT[problem.operand_dtype]}_{problem.a_layout[0]}{problem.b_layout[0]}_"
+            f"{problem.batch}x{problem.m}x{problem.n}x{problem.k}_{config.block_m}x{config.block_n}x{config.block_k}"
+            f"_w{config.warps_m}x{config.warps_n}_s{config.stages}{extras}")
+    return re.sub(r"\W", "_", text)
+
+
+def _parameters(problem: ContractionProblem, epilogue: MatmulEpilogue) -> dict:
+    p, e = problem, ELEMENT[problem.operand_dtype]
+    params = {"a": ("%a", f"memref<{p.batch * p.m * p.k}x{e}>"), "b": ("%b", f"memref<{p.batch * p.k * p.n}x{e}>")}
+    if epilogue.bias:
+        params["bias"] = ("%bias", f"memref<{p.n}x{ELEMENT[epilogue.bias]}>")
+    if epilogue.residual:
+        params["residual"] = ("%residual", f"memref<{p.batch * p.m * p.n}x{ELEMENT[epilogue.residual]}>")
+    params["c"] = ("%c", f"memref<{p.batch * p.m * p.n}xf32>")
+    return params
+
+
+def _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs) -> Context:
+    """Block -> (batch, tile) with grouped rasterization, thread id, shared-memory views."""
+    tid = em.op("gpu.thread_id x")
+    pid = em.op("gpu.block_id x")
+    batch = em.op("gpu.block_id z")
+    group = GROUP_M * tiles_n
+    group_id = em.op(f"arith.divui {pid}, {em.index(group)} : index")
+    first_m = em.op(f"arith.muli {group_id}, {em.index(GROUP_M)} : index")
+    size_m = em.op(f"arith.minui {em.op(f'arith.subi {em.index(tiles_m)}, {first_m} : index')}, "
+                   f"{em.index(GROUP_M)} : index")
+    in_group = em.op(f"arith.remui {pid}, {em.index(group)} : index")
+    pid_m = em.op(f"arith.addi {first_m}, {em.op(f'arith.remui {in_group}, {size_m} : index')} : index")
+    pid_n = em.op(f"arith.divui {in_group}, {size_m} : index")
+    m0 = em.op(f"arith.muli {pid_m}, {em.index(config.block_m)} : index")
+    n0 = em.op(f"arith.muli {pid_n}, {em.index(config.block_n)} : index")
+    smem = em.op(f"gpu.dynamic_shared_memory : memref<?xi8, {SMEM}>")
+    stages = config.stages
+    a_ring = em.op(f"memref.view {smem}[{em.index(0)}][] : memref<?xi8, {SMEM}> to {a.memref(stages)}")
+    b_ring = em.op(f"memref.view {smem}[{em.index(stages * a.bytes)}][] : memref<?xi8, {SMEM}> to {b.memref(stages)}")
+    return Context(problem, config, em, threads, tid, batch, m0, n0, a, b, smem, a_ring, b_ring, stages * a.bytes,
+                   memrefs)

@@ -1,0 +1,122 @@
+"""What both contraction main loops share: the emission context, and the register epilogue.
+
+A main loop hands back its accumulators as `Fragment`s (two horizontally adjacent values of C and
+where they go); `store_fragments` adds the bias (per column) and the residual (per element) in
+registers and writes C once: 8-byte vector stores when the block tile lies inside C, per-element
+masked stores at the edges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jnova.codegen.gpu.emitter import GpuEmitter
+from jnova.codegen.gpu.matmul_smem import OperandTile, ix_add
+from jnova.passes.configure_tiles import ContractionProblem, TileConfig
+
+ELEMENT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class MatmulEpilogue:
+    """What the epilogue adds to the accumulators before the store: dtypes of the extra inputs."""
+
+    bias: str | None = None  # a [N] vector added to every row
+    residual: str | None = None  # a [batch, M, N] array added elementwise
+
+    def __post_init__(self):
+        for name in ("bias", "residual"):
+            dtype = getattr(self, name)
+            if dtype is not None and dtype not in ELEMENT:
+                raise ValueError(f"MatmulEpilogue.{name}={dtype!r}; expected one of {list(ELEMENT)} or None")
+
+
+@dataclass
+class Context:
+    """What both main loops and the epilogue share while one kernel is emitted."""
+
+    problem: ContractionProblem
+    config: TileConfig
+    em: GpuEmitter
+    threads: int
+    tid: str
+    batch: str
+    m0: str  # the block tile's first row of C
+    n0: str  # ... and first column
+    a: OperandTile
+    b: OperandTile
+    smem: str  # the dynamic shared memory (i8)
+    a_ring: str  # typed views of the stage rings
+    b_ring: str
+    a_ring_bytes: int
+    memrefs: dict  # parameter name -> (SSA name, memref type)
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """Two accumulator values of C at (row, col) and (row, col + 1), block-tile relative; `row` and
+    `col` are (SSA base, constant) pairs so the per-fragment arithmetic folds into address offsets."""
+
+    row: tuple[str, int]
+    col: tuple[str, int]
+    values: tuple[str, str]
+
+
+def store_fragments(ctx: Context, epilogue: MatmulEpilogue, fragments: list[Fragment]) -> None:
+    """bias + residual + store of every fragment; unmasked (8-byte vectors) when the block tile lies
+    inside C, masked per element otherwise."""
+    em, p, cfg = ctx.em, ctx.problem, ctx.config
+    interior_m = em.op(f"arith.cmpi ule, {em.op(f'arith.addi {ctx.m0}, {em.index(cfg.block_m)} : index')}, "
+                       f"{em.index(p.m)} : index")
+    interior_n = em.op(f"arith.cmpi ule, {em.op(f'arith.addi {ctx.n0}, {em.index(cfg.block_n)} : index')}, "
+                       f"{em.index(p.n)} : index")
+    interior = em.op(f"arith.andi {interior_m}, {interior_n} : i1")
+    c_base = em.op(f"arith.muli {ctx.batch}, {em.index(p.m * p.n)} : index")
+    with em.region(f"scf.if {interior} {{", "} else {"):
+        for f in fragments:
+            _store_pair(ctx, epilogue, f, c_base, masked=False)
+    em.depth += 1
+    for f in fragments:
+        _store_pair(ctx, epilogue, f, c_base, masked=True)
+    em.depth -= 1
+    em.line("}")
+
+
+def _store_pair(ctx: Context, epilogue: MatmulEpilogue, f: Fragment, c_base: str, masked: bool) -> None:
+    em, p = ctx.em, ctx.problem
+    row = em.op(f"arith.addi {ctx.m0}, {em.op(f'arith.addi {f.row[0]}, {em.index(f.row[1])} : index')} : index")
+    col = em.op(f"arith.addi {ctx.n0}, {em.op(f'arith.addi {f.col[0]}, {em.index(f.col[1])} : index')} : index")
+    ofs = ix_add(em, c_base, (row, p.n), col)
+    pair_align = 8 if p.n % 2 == 0 else 4
+    mask = None
+    if masked:
+        row_ok = em.op(f"arith.cmpi ult, {row}, {em.index(p.m)} : index")
+        ok0 = em.op(f"arith.andi {row_ok}, {em.op(f'arith.cmpi ult, {col}, {em.index(p.n)} : index')} : i1")
+        col1 = em.op(f"arith.addi {col}, {em.index(1)} : index")
+        ok1 = em.op(f"arith.andi {row_ok}, {em.op(f'arith.cmpi ult, {col1}, {em.index(p.n)} : index')} : i1")
+        mask = em.op(f"vector.from_elements {ok0}, {ok1} : vector<2xi1>")
+    value = em.op(f"vector.from_elements {f.values[0]}, {f.values[1]} : vector<2xf32>")
+    if epilogue.bias:
+        value = _add_loaded(ctx, "bias", epilogue.bias, col, value, mask, 2 * BYTES[epilogue.bias])
+    if epilogue.residual:
+        nbytes = BYTES[epilogue.residual]
+        value = _add_loaded(ctx, "residual", epilogue.residual, ofs, value, mask, nbytes * (2 if p.n % 2 == 0 else 1))
+    c, c_type = ctx.memrefs["c"]
+    if mask is None:
+        em.line(f"vector.store {value}, {c}[{ofs}] {{alignment = {pair_align}}} : {c_type}, vector<2xf32>")
+    else:
+        em.line(f"vector.maskedstore {c}[{ofs}], {mask}, {value} : {c_type}, vector<2xi1>, vector<2xf32>")
+
+
+def _add_loaded(ctx: Context, param: str, dtype: str, ofs: str, value: str, mask: str | None, align: int) -> str:
+    em = ctx.em
+    ssa, t = ctx.memrefs[param]
+    e = ELEMENT[dtype]
+    if mask is None:
+        x = em.op(f"vector.load {ssa}[{ofs}] {{alignment = {align}}} : {t}, vector<2x{e}>")
+    else:
+        zero = em.op(f"arith.constant dense<0.0> : vector<2x{e}>")
+        x = em.op(f"vector.maskedload {ssa}[{ofs}], {mask}, {zero} : {t}, vector<2xi1>, vector<2x{e}> into vector<2x{e}>")
+    if e != "f32":
+        x = em.op(f"arith.extf {x} : vector<2x{e}> to vector<2xf32>")
+    return em.op(f"arith.addf {value}, {x} : vector<2xf32>")

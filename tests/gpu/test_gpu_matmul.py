@@ -1,0 +1,164 @@
+"""Contraction kernels on the GPU (`pytest -m gpu`): `build_matmul` against float64 NumPy on fresh
+random inputs, for both main loops (TF32 mma.sync, bf16 wgmma), every operand layout, awkward
+shapes (M=1000, N=77, K=33: masked edges, unaligned rows), a batch, and the bias/residual epilogue.
+
+Launch: through `nova_kernel_p`'s CUDA lowering (jaxlib's PTX kernel call) inside `jax.jit`. The
+output is poisoned: it aliases a donated NaN-filled operand, so an element the kernel does not
+write fails the comparison. Kernels are compiled up front in parallel processes (MLIR is slow and
+single-threaded)."""
+import concurrent.futures
+import multiprocessing
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _has_gpu() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+if not _has_gpu():
+    pytest.skip("no GPU visible to JAX", allow_module_level=True)
+
+from jnova.codegen.gpu.matmul import GpuKernel, MatmulEpilogue, build_matmul  # noqa: E402
+from jnova.dialect.types import TensorType  # noqa: E402
+from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles  # noqa: E402
+from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering  # noqa: E402
+from jnova.primitives.nova_kernel import nova_kernel_p  # noqa: E402
+from jnova.runtime.target import get_target  # noqa: E402
+
+register_gpu_lowering()
+TARGET = get_target(os.environ.get("JNOVA_TEST_TARGET", "h200"))
+TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-2}  # relative error in norm: TF32 rounding; bf16 inputs
+BOTH = MatmulEpilogue(bias="float32", residual="float32")
+
+
+def _cases():
+    cases = []
+    for dtype in ("float32", "bfloat16"):
+        for a_layout in ("row", "col"):
+            for b_layout in ("row", "col"):
+                cases.append((dtype, (1, 1000, 77, 33), a_layout, b_layout, None, None))
+                cases.append((dtype, (1, 256, 384, 520), a_layout, b_layout, None, None))
+        cases.append((dtype, (3, 200, 136, 264), "row", "row", BOTH, None))
+        cases.append((dtype, (1, 1000, 77, 33), "row", "col", MatmulEpilogue(bias="bfloat16", residual="bfloat16"), None))
+        cases.append((dtype, (1, 512, 512, 512), "row", "row", None, None))
+        cases.append((dtype, (1, 4096, 768, 3072), "row", "row", BOTH, None))  # a GPT-2 shape, as chosen
+    # other schedules than the configurator's: 2 stages, several warpgroups / warps, one k-tile
+    cases.append(("bfloat16", (1, 384, 256, 192), "row", "row", None,
+                  "block=128x256x64 warps=4x2 stages=2 mma=wgmma_bf16_m64nNk16 swizzle=128"))
+    cases.append(("bfloat16", (1, 384, 256, 64), "col", "col", None,
+                  "block=256x128x64 warps=8x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128"))
+    cases.append(("float32", (1, 300, 200, 100), "row", "row", None,
+                  "block=128x64x32 warps=2x2 stages=2 mma=mma_sync_tf32_16x8x8 swizzle=128"))
+    cases.append(("float32", (1, 300, 200, 100), "col", "col", None,
+                  "block=128x128x32 warps=4x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128"))
+    for a_layout in ("row", "col"):  # N-major B read 16 bytes at a time (64-column warp pieces)
+        cases.append(("float32", (2, 300, 200, 100), a_layout, "row", BOTH,
+                      "block=128x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128"))
+    return cases
+
+
+CASES = _cases()
+
+
+def _case_id(case):
+    dtype, (batch, m, n, k), a_layout, b_layout, epilogue, config = case
+    extra = "" if epilogue is None else f"-bias_{epilogue.bias}-res_{epilogue.residual}"
+    return f"{dtype}-{batch}x{m}x{n}x{k}-{a_layout[0]}{b_layout[0]}{extra}{'-override' if config else ''}"
+
+
+def _problem(case) -> ContractionProblem:
+    dtype, (batch, m, n, k), a_layout, b_layout, _, _ = case
+    return ContractionProblem(m, n, k, batch=batch, operand_dtype=dtype, a_layout=a_layout, b_layout=b_layout)
+
+
+def _config(case) -> TileConfig:
+    return TileConfig.parse(case[5]) if case[5] else choose_tiles(_problem(case), TARGET)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """Every case's kernel (or the exception its build raised), compiled in parallel processes."""
+    workers = min(len(CASES), os.cpu_count() or 1, 16)
+    context = multiprocessing.get_context("spawn")  # never fork a process that holds a CUDA context
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = [pool.submit(build_matmul, _problem(c), _config(c), TARGET, c[4]) for c in CASES]
+        return [f.exception() or f.result() for f in futures]
+
+
+def operands(problem: ContractionProblem, epilogue: MatmulEpilogue | None, rng) -> list[np.ndarray]:
+    """Random inputs in kernel parameter order, as NumPy arrays of the operand dtypes."""
+    p = problem
+    a_shape = (p.batch, p.m, p.k) if p.a_layout == "row" else (p.batch, p.k, p.m)
+    b_shape = (p.batch, p.k, p.n) if p.b_layout == "row" else (p.batch, p.n, p.k)
+    dtype = jnp.dtype(p.operand_dtype)
+    xs = [rng.standard_normal(a_shape).astype(dtype), rng.standard_normal(b_shape).astype(dtype)]
+    if epilogue is not None and epilogue.bias:
+        xs.append(rng.standard_normal((p.n,)).astype(jnp.dtype(epilogue.bias)))
+    if epilogue is not None and epilogue.residual:
+        xs.append(rng.standard_normal((p.batch, p.m, p.n)).astype(jnp.dtype(epilogue.residual)))
+    return xs
+
+
+def reference(problem: ContractionProblem, epilogue: MatmulEpilogue | None, xs) -> np.ndarray:
+    a, b = (np.asarray(x, np.float64) for x in xs[:2])
+    if problem.a_layout == "col":
+        a = a.transpose(0, 2, 1)
+    if problem.b_layout == "col":
+        b = b.transpose(0, 2, 1)
+    out = a @ b
+    for x in xs[2:]:
+        out = out + np.asarray(x, np.float64)
+    return out
+
+
+def run_kernel(kernel: GpuKernel, problem: ContractionProblem, xs) -> np.ndarray:
+    """C from the kernel, launched on device copies of `xs` with a NaN-poisoned output buffer."""
+    out_type = TensorType((problem.batch, problem.m, problem.n), "float32")
+    n = len(xs)
+    handle = GpuKernelHandle(kernel.launch(), [out_type], aliases=((n, 0),))
+    call = jax.jit(lambda *args: nova_kernel_p.bind(*args, kernel=handle)[0], donate_argnums=(n,))
+    poison = jnp.full(out_type.shape, jnp.nan, jnp.float32)
+    return np.asarray(call(*[jnp.asarray(x) for x in xs], poison))
+
+
+def describe_mismatch(out: np.ndarray, want: np.ndarray, tol: float) -> str:
+    """Where the kernel is wrong: counts, the first bad elements, and the bad rows/columns modulo the
+    MMA fragment sizes (a wrong fragment mapping shows up as a pattern there)."""
+    scale = np.abs(want).max() or 1.0
+    bad = ~(np.abs(out - want) <= tol * 10 * scale)
+    where = np.argwhere(bad)
+    lines = [f"{bad.sum()} of {bad.size} elements wrong ({np.isnan(out).sum()} NaN)"]
+    for idx in where[:6]:
+        lines.append(f"  at {tuple(int(i) for i in idx)}: got {out[tuple(idx)]:.5g}, want {want[tuple(idx)]:.5g}")
+    if len(where):
+        rows, cols = where[:, 1], where[:, 2]
+        lines.append(f"  bad rows % 64: {np.bincount(rows % 64, minlength=64).nonzero()[0].tolist()}")
+        lines.append(f"  bad cols % 64: {np.bincount(cols % 64, minlength=64).nonzero()[0].tolist()}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[_case_id(c) for c in CASES])
+def test_matmul_matches_float64(kernels, index):
+    case = CASES[index]
+    kernel = kernels[index]
+    if isinstance(kernel, BaseException):
+        raise kernel
+    problem, epilogue = _problem(case), case[4]
+    rng = np.random.default_rng(1000 + index)
+    xs = operands(problem, epilogue, rng)
+    out = run_kernel(kernel, problem, xs)
+    want = reference(problem, epilogue, xs)
+    error = np.linalg.norm(np.nan_to_num(out, nan=1e30) - want) / np.linalg.norm(want)
+    print(f"{_case_id(case)}: {kernel.schedule}: relative error {error:.2e}")
+    tol = TOLERANCE[problem.operand_dtype]
+    assert not np.isnan(out).any() and error < tol, describe_mismatch(out, want, tol)

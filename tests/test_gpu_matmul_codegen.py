@@ -1,0 +1,124 @@
+"""Contraction kernels without a GPU: `build_matmul` -> PTX, assembled by ptxas for sm_90a with no
+spills (registers printed), and the instructions each main loop is meant to use checked in the PTX:
+wgmma + cp.async for bf16, mma.sync m16n8k8 TF32 + ldmatrix (never .trans: 32-bit data) for f32.
+Numerics are checked on the GPU (tests/gpu/test_gpu_matmul.py)."""
+import re
+
+import pytest
+
+from jnova.codegen.gpu.matmul import (
+    GpuKernel,
+    MatmulEpilogue,
+    build_matmul,
+    matmul_module,
+)
+from jnova.codegen.gpu.ptx import assemble_check, ptxas_path
+from jnova.codegen.linalg.lowering import LoweringError
+from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles
+from jnova.runtime.target import get_target
+
+H200 = get_target("h200")
+requires_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas is not on PATH")
+
+# (M, N, K, batch, a_layout, b_layout, epilogue): GPT-2 forward and backward shapes, awkward edges
+SHAPES = [
+    (16384, 3072, 768, 1, "row", "row", None),  # MLP up
+    (16384, 768, 3072, 1, "row", "col", None),  # dX = dY @ W^T
+    (3072, 768, 16384, 1, "col", "row", None),  # dW = X^T @ dY
+    (4096, 768, 3072, 1, "row", "row", MatmulEpilogue(bias="float32", residual="float32")),
+    (1000, 77, 33, 1, "row", "row", None),
+    (1000, 77, 33, 2, "col", "col", MatmulEpilogue(bias="bfloat16", residual="bfloat16")),
+]
+
+
+def _params(dtype):
+    return [pytest.param(dtype, *shape, id=f"{dtype}-{shape[3]}x{shape[0]}x{shape[1]}x{shape[2]}-{shape[4][0]}{shape[5][0]}"
+                         + ("-epilogue" if shape[6] else "")) for shape in SHAPES]
+
+
+def _build(dtype, m, n, k, batch, a_layout, b_layout, epilogue) -> tuple[GpuKernel, TileConfig]:
+    problem = ContractionProblem(m, n, k, batch=batch, operand_dtype=dtype, a_layout=a_layout, b_layout=b_layout)
+    config = choose_tiles(problem, H200)
+    return build_matmul(problem, config, H200, epilogue), config
+
+
+def _entry_params(ptx: str) -> int:
+    return len(re.findall(r"\.param \.u64 \.ptr", ptx))
+
+
+@requires_ptxas
+@pytest.mark.parametrize("dtype,m,n,k,batch,a_layout,b_layout,epilogue", _params("float32") + _params("bfloat16"))
+def test_matmul_ptx_assembles_without_spills(dtype, m, n, k, batch, a_layout, b_layout, epilogue):
+    kernel, config = _build(dtype, m, n, k, batch, a_layout, b_layout, epilogue)
+    report = assemble_check(kernel.ptx, H200.arch)
+    print(f"{kernel.name}: {config}: {report}")
+    assert report.spills == 0 and report.stack_frame == 0, report.log
+    assert "Potential Performance Loss" not in report.log, report.log  # e.g. serialized wgmma
+    assert kernel.shared_mem_bytes <= H200.smem_per_block_optin
+    assert _entry_params(kernel.ptx) == len(kernel.params)
+    assert kernel.params[-1] == ("out", "c") and all(role == "in" for role, _ in kernel.params[:-1])
+    assert kernel.grid[2] == batch and kernel.block[0] % 32 == 0
+    assert "cp.async" in kernel.ptx
+    if dtype == "bfloat16":
+        assert "wgmma.mma_async.sync.aligned.m64n" in kernel.ptx and ".bf16.bf16" in kernel.ptx
+        assert "fence.proxy.async" in kernel.ptx  # cp.async writes, then wgmma reads through the async proxy
+    else:
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in kernel.ptx
+        assert "cvt.rna.tf32.f32" in kernel.ptx
+        assert "ldmatrix" not in kernel.ptx or ".trans" not in kernel.ptx  # Table 1: no .trans for 32-bit
+        k_major_operand = a_layout == "row" or b_layout == "col"
+        assert ("ldmatrix.sync.aligned.m8n8" in kernel.ptx) == k_major_operand
+
+
+def test_parameters_follow_the_epilogue():
+    problem = ContractionProblem(128, 128, 64, operand_dtype="bfloat16")
+    config = TileConfig.parse("block=128x128x64 warps=4x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128")
+    module = matmul_module(problem, config, H200, MatmulEpilogue(residual="float32"))
+    signature = module.text[module.text.index("gpu.func"):module.text.index(") kernel")]
+    assert re.findall(r"(%\w+): memref", signature) == ["%a", "%b", "%residual", "%c"]
+    assert module.block == (128, 1, 1)  # one warpgroup: two m64 repeats of 4 k16 steps per k-tile
+    assert module.text.count("nvvm.wgmma.mma_async") == 2 * 4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pipeline_groups_are_counted_when_k_is_short(dtype):
+    """K = 33 is fewer k-tiles than the pipeline runs ahead: the prologue still commits one cp.async
+    group per stage it runs ahead (empty ones past the end), since each wait counts groups; and no
+    copy is left in flight when the block exits (the next block would find it in its shared memory)."""
+    problem = ContractionProblem(1000, 128, 33, operand_dtype=dtype)
+    config = choose_tiles(problem, H200)
+    text = matmul_module(problem, config, H200).text
+    prologue, loop = text.split("scf.for %kt", 1)
+    ahead = config.stages - 1 - (1 if config.is_wgmma else 0)
+    assert prologue.count("nvvm.cp.async.commit.group") == ahead
+    assert loop.split("scf.yield")[-1].count("nvvm.cp.async.wait.group 0") == 1
+
+
+def test_unaligned_bf16_rows_are_copied_through_registers():
+    """K = 33, N = 77 in bf16: rows of 66 and 154 bytes fit no cp.async size; copies go through registers."""
+    problem = ContractionProblem(64, 77, 33, operand_dtype="bfloat16")
+    module = matmul_module(problem, choose_tiles(problem, H200), H200)
+    assert "nvgpu.device_async_copy" not in module.text and "memref.store" in module.text
+
+
+def test_refusals_name_the_reason():
+    problem = ContractionProblem(256, 256, 256, operand_dtype="bfloat16")
+    ada = get_target("rtx6000ada")
+    with pytest.raises(LoweringError, match="16-bit mma.sync"):
+        matmul_module(problem, choose_tiles(problem, ada), ada)
+    f32 = ContractionProblem(256, 256, 256)
+    with pytest.raises(LoweringError, match="f32 operands need"):
+        matmul_module(f32, choose_tiles(problem, H200), H200)
+    with pytest.raises(LoweringError, match="split_k"):
+        matmul_module(f32, TileConfig.parse("block=64x64x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 "
+                                            "swizzle=128 split_k=2"), H200)
+
+
+def test_tf32_kernel_for_an_ampere_target():
+    """The f32 main loop needs no Hopper feature: it assembles for sm_86 too."""
+    target = get_target("rtx3060")
+    problem = ContractionProblem(1000, 77, 33)
+    kernel = build_matmul(problem, choose_tiles(problem, target), target)
+    assert ".target sm_86" in kernel.ptx
+    if ptxas_path():
+        assert assemble_check(kernel.ptx, target.arch).spills == 0

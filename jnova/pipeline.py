@@ -30,7 +30,7 @@ from jnova.options import Options
 from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
-from jnova.passes.form_kernels import form_kernels, kernels_from_fusion, plan_to_json
+from jnova.passes.form_kernels import form_kernels, kernels_from_fusion, plan_to_json, split_contraction_epilogues
 from jnova.passes.fuse import fuse
 from jnova.passes.mixed_precision import demote_contractions
 from jnova.primitives import backends
@@ -115,7 +115,8 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
         fusion = fuse(func)
     per_group = options.kernels == "fused" or (options.kernels == "auto" and backend == "gpu")
     with stage("form_kernels"):         # GPU: a kernel per group; CPU: per run between fallbacks
-        plan = kernels_from_fusion(func, fusion.groups) if per_group else form_kernels(func)
+        groups = split_contraction_epilogues(fusion.groups) if backend == "gpu" else fusion.groups
+        plan = kernels_from_fusion(func, groups) if per_group else form_kernels(func)
     key = structural_hash(nova_text, program.sites, options.hash_items(), target=target_name)
     compiled = ARTIFACTS.get(key)       # a structurally identical step compiled in this process
     cache_hit = compiled is not None

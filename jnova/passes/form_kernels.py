@@ -91,6 +91,25 @@ def plan_to_json(plan: Plan) -> dict:
     return {"num_args": len(plan.func.args), "steps": steps, "returns": [ids[v] for v in plan.func.returns]}
 
 
+def split_contraction_epilogues(groups) -> list:
+    """Each contraction group as two: the matmul, then its epilogue as an elementwise group.
+
+    For a backend whose contraction kernels do not yet take a fused epilogue: the result goes
+    through memory once more, but every other fusion stays.
+    """
+    from jnova.passes.fuse import Group
+
+    out = []
+    for g in groups:
+        matmuls = [op for op in g.ops if op.name == "nova.matmul"]
+        if g.kind != "contraction" or len(g.ops) == 1 or len(matmuls) != 1:
+            out.append(g)
+            continue
+        out.append(Group(matmuls, "contraction", matmuls[0]))
+        out.append(Group([op for op in g.ops if op is not matmuls[0]], "elementwise"))
+    return out
+
+
 def kernels_from_fusion(func: Func, groups) -> Plan:
     """One kernel per fusion group (the GPU plan); fallback ops stay XLA ops.
 

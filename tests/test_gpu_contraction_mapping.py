@@ -1,0 +1,45 @@
+"""Which nova.matmul ops the GPU contraction kernels take, and as which problem."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jnova.capture.to_nova import to_nova
+from jnova.capture.trace import trace
+from jnova.codegen.gpu.contraction import contraction_problem
+
+
+def _matmul(spec, a_shape, b_shape, dtype=np.float32):
+    args = (np.zeros(a_shape, dtype), np.zeros(b_shape, dtype))
+    func = to_nova(trace(lambda a, b: jnp.einsum(spec, a, b, preferred_element_type=jnp.float32), args, {})).func
+    (op,) = [o for o in func.ops if o.name == "nova.matmul"]
+    return contraction_problem(op)
+
+
+@pytest.mark.parametrize("spec,a,b,want", [
+    ("mk,kn->mn", (64, 32), (32, 48), (64, 48, 32, 1, "row", "row")),
+    ("mk,nk->mn", (64, 32), (48, 32), (64, 48, 32, 1, "row", "col")),        # x @ w.T (data gradient)
+    ("km,kn->mn", (32, 64), (32, 48), (64, 48, 32, 1, "col", "row")),
+    ("btc,cn->btn", (2, 8, 32), (32, 48), (16, 48, 32, 1, "row", "row")),   # a Dense layer: B*T rows
+    ("btc,btn->cn", (2, 8, 32), (2, 8, 48), (32, 48, 16, 1, "col", "row")),  # its weight gradient
+    ("bmk,bkn->bmn", (3, 64, 32), (3, 32, 48), (64, 48, 32, 3, "row", "row")),
+])
+def test_contractions_the_kernels_take(spec, a, b, want):
+    problem, reason = _matmul(spec, a, b)
+    assert reason is None
+    assert (problem.m, problem.n, problem.k, problem.batch, problem.a_layout, problem.b_layout) == want
+
+
+@pytest.mark.parametrize("spec,a,b,why", [
+    ("bqhd,bkhd->bhqk", (2, 8, 4, 16), (2, 8, 4, 16), "batch dims do not lead"),  # attention scores
+    ("mk,k->m", (64, 32), (32,), "without free dims"),
+    ("m,n->mn", (64,), (48,), "outer product"),
+])
+def test_contractions_left_to_xla_say_why(spec, a, b, why):
+    problem, reason = _matmul(spec, a, b)
+    assert problem is None and why in reason
+
+
+def test_bf16_operands_accumulate_in_f32():
+    problem, reason = _matmul("mk,kn->mn", (64, 32), (32, 48), jnp.bfloat16)
+    assert reason is None and problem.operand_dtype == "bfloat16" and problem.out_dtype == "float32"

@@ -415,3 +415,12 @@ def test_random_bits_inside_a_step_compile():
     x = np.random.default_rng().standard_normal((4, 9)).astype(np.float32)
     key = jax.random.key(int(np.random.default_rng().integers(1 << 30)))
     np.testing.assert_array_equal(jnova.compile(f)(x, key), jax.jit(f)(x, key))
+
+
+@pytest.mark.skipif(not hasattr(jax.lax, "one_minus_square"), reason="jax < 0.11 has no one_minus_square")
+def test_one_minus_square():
+    import jnova
+
+    x = np.random.default_rng().uniform(-1, 1, (7, 5)).astype(np.float32)
+    f = jax.lax.one_minus_square
+    np.testing.assert_allclose(jnova.compile(f, fallback="error")(x), jax.jit(f)(x), rtol=2e-7, atol=1e-7)

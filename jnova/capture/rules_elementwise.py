@@ -100,3 +100,11 @@ def _bitcast_convert_type(b, eqn, x):
     if out.shape != x.type.shape:
         raise Unsupported(f"bitcast between widths ({x.type.dtype} -> {out.dtype}) changes the shape")
     return x if out == x.type else b.emit("nova.bitcast", [x], out)
+
+
+@rule("one_minus_square")
+def _one_minus_square(b, eqn, x):
+    """jax >= 0.11's tanh derivative helper: (1 + x) * (1 - x), the cancellation-free form."""
+    out = out_type(eqn)
+    one = b.broadcast_to(b.constant(1, out.dtype), out.shape)
+    return b.emit("nova.mul", [b.emit("nova.add", [one, x], out), b.emit("nova.sub", [one, x], out)], out)

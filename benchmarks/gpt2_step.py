@@ -1,0 +1,109 @@
+"""GPT-2 training step, jnova vs XLA on the same GPU: step time, tokens/s, peak memory, compile time.
+
+One configuration per process (peak memory cannot be reset), so run it once per (impl, dtype):
+
+    python benchmarks/gpt2_step.py --impl jnova --dtype float32 [--batch 8 --seq 1024 --steps 20]
+    python benchmarks/gpt2_step.py --impl xla --dtype bfloat16
+
+`--dtype bfloat16` means f32 weights with bf16 contraction operands: jnova's mixed_precision="bf16",
+XLA's jax.default_matmul_precision("bfloat16"). Prints one JSON record per line (DESIGN.md's format)
+and appends them to $OUT/gpt2_step.jsonl when OUT is set. With a persistent cache directory set
+(JNOVA_CACHE_DIR), a second jnova process measures the warm compile.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "gpt2"))
+import model as gpt2  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", choices=["jnova", "xla"], required=True)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--label", default="")
+    args = p.parse_args()
+
+    config = gpt2.GPTConfig(n_layer=args.layers)
+    module, optimizer = gpt2.GPT(config), gpt2.make_optimizer()
+    params = gpt2.init_params(module, jax.random.key(0), args.seq)
+    state = optimizer.init(params)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (args.batch, args.seq + 1)), jnp.int32)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    step = gpt2.make_train_step(module, optimizer)
+
+    start = time.perf_counter()
+    if args.impl == "jnova":
+        import jnova
+
+        compiled = jnova.compile(step, mixed_precision="bf16" if args.dtype == "bfloat16" else None)
+        compiled.lower(params, state, x, y)
+        run = compiled
+    else:
+        precision = "bfloat16" if args.dtype == "bfloat16" else "tensorfloat32"
+        with jax.default_matmul_precision(precision):
+            run = jax.jit(step).lower(params, state, x, y).compile()
+    compile_s = time.perf_counter() - start
+    first = run(params, state, x, y)
+    jax.block_until_ready(first)
+    first_call_s = time.perf_counter() - start - compile_s  # jax.jit of the step (XLA) on jnova's side
+
+    times, dispatch = [], []
+    p_, s_ = params, state
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        out = run(p_, s_, x, y)
+        t1 = time.perf_counter()
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+        dispatch.append(t1 - t0)
+    step_s = statistics.median(times)
+    tokens_per_step = args.batch * args.seq
+    flops = config.flops_per_token(args.seq) * tokens_per_step
+    peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use", 0)  # None on the CPU
+    base = {"bench": "gpt2_step", "case": f"B{args.batch}xT{args.seq}xL{args.layers}", "dtype": args.dtype,
+            "impl": args.impl, "device": jax.devices()[0].device_kind, "date": datetime.date.today().isoformat(),
+            "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown")}
+    if args.label:
+        base["label"] = args.label
+    records = [
+        {**base, "metric": "ms", "value": step_s * 1e3},
+        {**base, "metric": "tok_s", "value": tokens_per_step / step_s},
+        {**base, "metric": "tflops", "value": flops / step_s / 1e12},
+        {**base, "metric": "peak_gb", "value": peak / 1e9},
+        {**base, "metric": "compile_s", "value": compile_s},
+        {**base, "metric": "first_call_s", "value": first_call_s},
+        {**base, "metric": "dispatch_ms", "value": statistics.median(dispatch) * 1e3},
+        {**base, "metric": "loss", "value": float(first[2])},
+    ]
+    if args.impl == "jnova":
+        stats = compiled.stats()[0]
+        records.append({**base, "metric": "kernels", "value": stats["kernels"]})
+        records.append({**base, "metric": "xla_groups", "value": stats["xla_groups"]})
+        records.append({**base, "metric": "cache_hit", "value": str(stats["cache_hit"])})
+    lines = [json.dumps(r) for r in records]
+    print("\n".join(lines))
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "gpt2_step.jsonl"), "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -47,7 +47,7 @@ def abstract(x) -> jax.ShapeDtypeStruct:
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=bool(getattr(x, "weak_type", False)))
     try:
         aval = jax.typeof(x)   # jax.core.get_aval was removed in JAX 0.10
     except TypeError:

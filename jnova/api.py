@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from typing import Callable, Sequence
 
 import jax
@@ -33,6 +34,9 @@ def compile(fn: Callable, *, mixed_precision: str | None = None, backend: str | 
     """
     if not callable(fn):
         raise TypeError(f"jnova.compile expects a callable, got {type(fn).__name__}")
+    if bucket_bytes != 25 * 2**20:
+        warnings.warn("jnova: gradient bucketing for data-parallel steps is not implemented yet; "
+                      "bucket_bytes has no effect", stacklevel=2)
     options = Options(mixed_precision=mixed_precision, backend=backend, fallback=fallback,
                       bucket_bytes=bucket_bytes, target=target, kernels=kernels)
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)

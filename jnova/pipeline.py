@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
@@ -95,7 +96,12 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     disk_key = capture_key(captured, options, target_name)
     entry = disk.load(disk_key) if disk else None
     if entry is not None:               # compiled by an earlier process: skip the nova pipeline
-        return _restore(entry, captured, disk_key, donate, stage, times)
+        try:
+            return _restore(entry, captured, disk_key, donate, stage, times)
+        except Exception as e:  # an entry this jnova cannot use (format, or a bug): recompile
+            warnings.warn(f"jnova: cannot use the cached entry {disk_key[:12]} ({type(e).__name__}: {e}); "
+                          "recompiling", stacklevel=2)
+            disk.discard(disk_key)
     with stage("to_nova"):              # one nova function; unknown primitives become fallbacks
         program = to_nova(captured, fallback=options.fallback)
     func = program.func

@@ -111,3 +111,28 @@ def test_cache_path_never_pickles_or_evaluates():
         source = (root / name).read_text()
         for forbidden in ("import pickle", "pickle.", "marshal", "eval(", "exec(", "shelve", "import dill"):
             assert forbidden not in source, f"{name} uses {forbidden}"
+
+
+def test_entry_this_jnova_cannot_use_is_a_miss(tmp_path, monkeypatch):
+    """A whole entry (hashes fine) whose contents an older or newer jnova wrote differently."""
+    monkeypatch.setenv("JNOVA_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng()
+    w, x = rng.standard_normal((4, 3), np.float32), rng.standard_normal((2, 4), np.float32)
+    jnova.compile(_step)(w, x)
+    (entry,) = [p for p in tmp_path.glob("*/*") if p.is_dir()]
+    meta = json.loads((entry / "meta.json").read_text())
+    del meta["backend"]  # as an entry from before the GPU backend
+    from jnova.runtime.disk_cache import DiskCache
+
+    files = {p.name: p.read_text() for p in entry.iterdir() if p.name != "manifest.json"}
+    files["meta.json"] = json.dumps(meta)
+    import shutil
+
+    shutil.rmtree(entry)
+    DiskCache(str(tmp_path)).store(entry.name, files)
+    ARTIFACTS.clear()
+    step = jnova.compile(_step)
+    with pytest.warns(UserWarning, match="cannot use the cached entry"):
+        got = step(w, x)
+    assert step.stats()[0]["cache_hit"] is None
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, jax.jit(_step)(w, x))

@@ -19,7 +19,7 @@ import warnings
 log = logging.getLogger("jnova.cache")
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2  # bump when what an entry holds changes: older entries then miss
 
 
 def default_dir() -> str:
@@ -75,6 +75,10 @@ class DiskCache:
             warnings.warn(f"jnova: discarding corrupt cache entry {path} ({e}); recompiling", stacklevel=2)
             shutil.rmtree(path, ignore_errors=True)
             return None
+
+    def discard(self, key: str) -> None:
+        """Remove entry `key` (one that loaded but could not be used)."""
+        shutil.rmtree(self._entry(key), ignore_errors=True)
 
     def store(self, key: str, files: dict[str, str]) -> None:
         """Write entry `key` atomically; if another process wrote it first, keep theirs."""

@@ -113,8 +113,9 @@ def test_row_reduction_uses_butterflies_and_shared_memory():
 
 
 def test_kernels_no_builder_takes_are_refused_with_reasons():
-    kernel, _ = kernel_of(lambda a, b: a @ b, jnp.ones((8, 8)), jnp.ones((8, 8)))
-    with pytest.raises(LoweringError, match="not elementwise: 'nova.matmul'"):
+    # attention's head-batched scores: batch dims that do not lead (no contraction kernel layout yet)
+    kernel, _ = kernel_of(lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, k), jnp.ones((2, 8, 4, 16)), jnp.ones((2, 8, 4, 16)))
+    with pytest.raises(LoweringError, match="not contraction: lhs: batch dims do not lead.*not elementwise: 'nova.matmul'"):
         build_gpu_module(kernel, get_target("h200"))
     kernel, _ = kernel_of(lambda x: (jnp.sum(x, axis=1), jnp.max(x, axis=1)), jnp.ones((8, 8)))
     with pytest.raises(LoweringError, match="2 reductions"):

@@ -148,9 +148,6 @@ def test_jitted_value_and_grad_gpt2():
     assert_trees_close(grads, want_grads, atol=GPT2_ATOL, what="grads")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "jnova's CPU lowering accumulates a long contraction in one sequential f32 sum: over GPT-2's "
-    "vocabulary its error is ~10x XLA's (blocked) one; GPT2_ATOL allows for it until codegen blocks the sum"))
 def test_vocabulary_contraction_as_accurate_as_xla():
     """The LM head's backward, dlogits[64, V] @ wte[V, 64], against float64: jnova within 3x of XLA's error."""
     key = jax.random.key(fresh_seed())

@@ -73,6 +73,28 @@ def _concatenate(b, eqn, *xs):
     return b.emit("nova.concatenate", list(xs), out_type(eqn), dim=int(eqn.params["dimension"]))
 
 
+@rule("stack")
+def _stack(b, eqn, *xs):
+    """jnp.stack (a primitive since JAX 0.10): each input gets a unit dimension at `axis`, then one concatenation."""
+    axis = int(eqn.params["axis"])
+    pieces = [b.emit("nova.reshape", [x], x.type.with_shape(x.type.shape[:axis] + (1,) + x.type.shape[axis:]))
+              for x in xs]
+    return pieces[0] if len(pieces) == 1 else b.emit("nova.concatenate", pieces, out_type(eqn), dim=axis)
+
+
+@rule("unstack")
+def _unstack(b, eqn, x):
+    """The transpose of stack: slice i along `axis`, without that dimension, for every i."""
+    axis, t, outs = int(eqn.params["axis"]), x.type, []
+    for i in range(t.shape[axis]):
+        start = tuple(i if d == axis else 0 for d in range(t.rank))
+        limit = tuple(i + 1 if d == axis else n for d, n in enumerate(t.shape))
+        piece = b.emit("nova.slice", [x], t.with_shape(t.shape[:axis] + (1,) + t.shape[axis + 1:]),
+                       start=start, limit=limit, strides=(1,) * t.rank)
+        outs.append(b.emit("nova.reshape", [piece], out_type(eqn, i)))
+    return outs
+
+
 @rule("pad")
 def _pad(b, eqn, x, value):
     lo, hi, interior = (tuple(int(c[i]) for c in eqn.params["padding_config"]) for i in range(3))

@@ -42,7 +42,10 @@ RUNG_THRESHOLDS = (1.0, 2.0, 3.0)  # AI / balance (both per operand element) at 
 FILL_EFFICIENCY = 0.75  # useful fraction of the SM slots over all waves for a rung to be accepted
 STAGES = (4, 3, 2)
 MAX_WARPS = 16
-_REGS_OVERHEAD = 64  # registers per thread beyond the accumulators: fragments, addresses, loop state
+# registers per thread beyond the accumulators (fragments, addresses, loop state): 124-180 measured
+# with ptxas on the TF32 kernels for 64 accumulators a thread
+_REGS_OVERHEAD = 160
+MMA_SYNC_MAX_RUNG = 2  # 128x128: 8 warps of 64x32 warp tiles
 _MBARRIER_BYTES_PER_STAGE = 16  # full + empty mbarrier of a TMA/wgmma pipeline stage
 
 
@@ -219,8 +222,11 @@ def _decide(problem: ContractionProblem, target: Target) -> _Decision:
     rung = sum(ai / (balance * elem) >= t for t in RUNG_THRESHOLDS)
     if elem == 2:
         rung = min(rung + 1, len(TILE_LADDER) - 1)
+    top = rung
+    if mma.startswith("mma_sync"):  # 256-wide tiles: accumulators beyond 8 warps' registers (measured spills)
+        top = min(rung, MMA_SYNC_MAX_RUNG)
     tried, chosen = [], None
-    for r in range(rung, -1, -1):
+    for r in range(top, -1, -1):
         best = max((_score(problem, target, bm, bn) for bm, bn in TILE_LADDER[r]), key=lambda c: _rank(problem, c))
         tried.append(best)
         if best.tiles >= target.sm_count and best.fill >= FILL_EFFICIENCY:
@@ -274,7 +280,7 @@ def _rank(problem: ContractionProblem, c: _Candidate) -> tuple:
 
 
 def _warps(bm: int, bn: int, mma: str, memory_side: bool, target: Target) -> tuple[int, int]:
-    """Warp grid: 64x64 warp tiles (at least 4 warps) for mma.sync, one warpgroup per 128x128 for wgmma;
+    """Warp grid: 64x32 warp tiles (at least 4 warps) for mma.sync, one warpgroup per 128x128 for wgmma;
     twice as many on the memory side when the smaller warp tiles stay whole MMA tiles and fit registers."""
     if mma.startswith("wgmma"):
         groups = max(1, bm * bn // (128 * 128))
@@ -283,7 +289,9 @@ def _warps(bm: int, bn: int, mma: str, memory_side: bool, target: Target) -> tup
             wider = _warpgroup_grid(bm, bn, 2 * groups)
             grid = wider if _fits_registers(bm, bn, wider, target) else grid
         return grid
-    grid = (max(1, bm // 64), max(1, bn // 64))
+    # 64x32 warp tiles: 64 f32 accumulators a thread. 64x64 ones (128) left too few registers for
+    # the fragments of the TF32 kernels: ptxas spilled up to 2 KiB on GPT-2's LM-head backward
+    grid = (max(1, bm // 64), max(1, bn // 32))
     while grid[0] * grid[1] < 4:
         grid = _split_warp_tile(bm, bn, grid)
     if memory_side:

@@ -108,14 +108,15 @@ def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
     from jnova.dialect.parse import parse_funcs
     from jnova.primitives.gpu_lowering import GpuKernelHandle
 
-    launches = {n: GpuLaunch(**{**d, "grid": tuple(d["grid"]), "block": tuple(d["block"])})
+    launches = {n: GpuLaunch(**{**d, "grid": tuple(d["grid"]), "block": tuple(d["block"]),
+                                "aliases": tuple(map(tuple, d.get("aliases", ())))})
                 for n, d in json.loads(files["launches.json"]).items()}
     groups = {f.name: f for f in parse_funcs(files["xla_groups.mlir"])} if "func.func" in files["xla_groups.mlir"] else {}
     handles = {}
     for step in kernel_steps:
         name = step["kernel"]
         if name in launches:
-            handles[name] = GpuKernelHandle(launches[name], _types(step))
+            handles[name] = GpuKernelHandle(launches[name], _types(step), aliases=launches[name].aliases)
         else:
             f = groups[name]
             handles[name] = evaluate_ops(f.ops, f.args, f.returns)
@@ -129,7 +130,7 @@ def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
 def _launch_json(launch) -> dict:
     return {"name": launch.name, "ptx": launch.ptx, "grid": list(launch.grid), "block": list(launch.block),
             "shared_mem_bytes": launch.shared_mem_bytes, "compute_capability": launch.compute_capability,
-            "schedule": launch.schedule, "gpu_module": launch.gpu_module}
+            "schedule": launch.schedule, "gpu_module": launch.gpu_module, "aliases": [list(a) for a in launch.aliases]}
 
 
 def group_text(kernel: Kernel, name: str) -> str:

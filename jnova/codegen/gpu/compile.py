@@ -3,18 +3,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jnova.codegen.gpu.contraction import build_contraction, contraction_refusal
 from jnova.codegen.gpu.elementwise import build_elementwise, elementwise_refusal
 from jnova.codegen.gpu.emitter import GpuModule
 from jnova.codegen.gpu.ptx import to_ptx
 from jnova.codegen.gpu.reduction import build_row_reduction, row_reduction_refusal
+from jnova.codegen.gpu.scatter import build_scatter_add, scatter_refusal
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.passes.form_kernels import Kernel
 from jnova.runtime.target import Target
 
 # Kernel families in the order they are tried: (name, why-not, builder).
 BUILDERS = (
+    ("contraction", contraction_refusal, build_contraction),
     ("elementwise", elementwise_refusal, build_elementwise),
     ("row reduction", row_reduction_refusal, build_row_reduction),
+    ("scatter-add", scatter_refusal, build_scatter_add),
 )
 
 
@@ -22,7 +26,9 @@ BUILDERS = (
 class GpuLaunch:
     """One compiled kernel: its PTX entry `name`, launch geometry and the gpu.module it came from.
 
-    Parameters are the kernel's inputs then its outputs, one pointer each (16-byte aligned).
+    Parameters are the kernel's inputs then its outputs, one pointer each (16-byte aligned);
+    `aliases` pairs (input index, output index) whose buffers XLA must make one (the output starts
+    as a copy of the input: a scatter-add adds into it).
     """
 
     name: str
@@ -33,6 +39,7 @@ class GpuLaunch:
     compute_capability: int  # e.g. 90 (what jaxlib assembles the PTX for)
     schedule: str
     gpu_module: str
+    aliases: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_warps(self) -> int:
@@ -57,4 +64,4 @@ def compile_gpu_kernel(kernel: Kernel, target: Target) -> GpuLaunch:
         raise LoweringError(f"{kernel.name}: block {module.block} is not a whole number of warps along x")
     major, minor = target.compute_capability
     return GpuLaunch(module.name, to_ptx(module.text), module.grid, module.block, module.shared_mem_bytes,
-                     10 * major + minor, module.schedule, module.text)
+                     10 * major + minor, module.schedule, module.text, module.aliases)

@@ -3,7 +3,8 @@
 Every thread takes groups of `vector` consecutive elements (16-byte loads and stores of the widest
 array where the shapes allow) in a grid-stride loop; the elements after the last whole group (fewer
 than `vector`) are done one per thread after the loop. Ops of the kernel may be any elementwise op,
-select, convert, broadcast, reshape, iota or uniform constant (see `evaluate.py`).
+select, convert, iota, uniform constant or index remap (broadcast, reshape, transpose, slice,
+reverse, pad, concatenate, dynamic slice, gather; see `evaluate.py` and `remaps.py`).
 """
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import math
 from dataclasses import dataclass
 
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, global_thread, gpu_module_text, kernel_params
-from jnova.codegen.gpu.evaluate import Evaluator, Point, unsupported_op, widest_vector
+from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, unsupported_op, widest_vector
 from jnova.codegen.linalg.lowering import LoweringError
-from jnova.dialect.ops import BroadcastOp, IotaOp
 from jnova.passes.form_kernels import Kernel
 from jnova.runtime.target import Target
 
@@ -45,23 +45,13 @@ def elementwise_refusal(kernel: Kernel) -> str | None:
 
 def choose_elementwise_schedule(kernel: Kernel, target: Target) -> ElementwiseSchedule:
     """16 bytes of the widest array per access; when every array is read at the output's own flat
-    offsets (no broadcast of a non-uniform value, no iota) groups may run across rows, otherwise the
-    group must divide the innermost extent so it stays within a row."""
+    offsets (no broadcast of a non-uniform value, no iota, no data movement) groups may run across
+    rows, otherwise the group must divide the innermost extent so it stays within a row."""
     out = kernel.outputs[0].type
-    flat = all(_reads_at_own_offset(op) for op in kernel.ops)
-    inner = None if flat else (out.shape[-1] if out.rank else 1)
+    inner = None if reads_at_own_offsets(kernel.ops) else (out.shape[-1] if out.rank else 1)
     vector = widest_vector([v.type for v in kernel.inputs + kernel.outputs], inner)
     blocks = max(1, math.ceil(out.size // vector / BLOCK))
     return ElementwiseSchedule(vector, BLOCK, min(blocks, target.sm_count * BLOCKS_PER_SM))
-
-
-def _reads_at_own_offset(op) -> bool:
-    if isinstance(op, IotaOp):
-        return False
-    if isinstance(op, BroadcastOp):
-        x, out = op.operands[0].type, op.results[0].type
-        return x.size == 1 or x.shape == out.shape
-    return True
 
 
 def build_elementwise(kernel: Kernel, target: Target) -> GpuModule:

@@ -32,6 +32,7 @@ class GpuModule:
     block: tuple[int, int, int]
     shared_mem_bytes: int  # dynamic shared memory; static (workgroup) buffers are in the PTX
     schedule: str  # the schedule it was built with, printed
+    aliases: tuple[tuple[int, int], ...] = ()  # (input index, output index) pairs sharing a buffer
 
 
 class GpuEmitter(KernelEmitter):

@@ -3,30 +3,35 @@
 Evaluation runs backwards from what a kernel stores: an input is a load, an elementwise op applies
 its linalg lowering rule to its operands' registers (see `emitter.GpuEmitter`), a broadcast or a
 reshape evaluates its operand at the corresponding index, iota reads the index, a uniform constant
-is a register. Values of a smaller shape reached through broadcasts are recomputed where needed
-(the same trade XLA's loop fusion makes).
+is a register, and the data-movement ops (transpose, slice, reverse, pad, concatenate, dynamic
+slice, gather) evaluate their operand where the output element reads it (`remaps.py`). Values of a
+smaller shape reached through broadcasts are recomputed where needed (the same trade XLA's loop
+fusion makes; fusion keeps anything heavier than a load out of such places).
 
 A `Point` says where: `lanes` consecutive elements (row-major) of a value, from flat offset `flat`;
 `contiguous=False` means every lane is the same element (a value broadcast along the lanes). A
 contiguous point of several lanes always starts at a multiple of its lane count, so its elements are
 one aligned vector access. Each (value, point) is computed once per `Evaluator`, and an evaluator
-serves one region of the kernel (a loop body, a tail branch), so every register it reuses dominates.
+serves one region of the kernel (a loop body, a tail branch), so every register it reuses dominates;
+`branch` gives each side of an `scf.if` a child evaluator that also sees its parent's registers.
 """
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import dataclass
 
 import numpy as np
 
 from jnova.codegen.gpu.emitter import ARG_ALIGN, GpuEmitter, flat_memref, is_splat, scalar_constant
-from jnova.codegen.linalg.emitter import storage
+from jnova.codegen.gpu.remaps import REMAP_OPS, evaluate_remap
+from jnova.codegen.linalg.emitter import element, storage
 from jnova.codegen.linalg.lowering import LOWERINGS, LoweringError
 from jnova.dialect.ir import Op, Value
 from jnova.dialect.ops import BroadcastOp, ConstantOp, ConvertOp, ElementwiseOp, IotaOp, ReshapeOp, SelectOp
 from jnova.dialect.types import TensorType, itemsize
 
 # Ops a register-level kernel computes (besides one reduction in the row-reduction kernel).
-INDEX_OPS = (BroadcastOp, ReshapeOp, IotaOp, ConstantOp)
+INDEX_OPS = (BroadcastOp, ReshapeOp, IotaOp, ConstantOp, *REMAP_OPS)
 SCALAR_OPS = (ElementwiseOp, SelectOp, ConvertOp)
 
 
@@ -36,7 +41,20 @@ def unsupported_op(op: Op) -> str | None:
         return f"'{op.name}' of shape {op.results[0].type.shape} is not uniform (pass it as a kernel input)"
     if isinstance(op, INDEX_OPS) or isinstance(op, SCALAR_OPS):
         return None
-    return f"'{op.name}' is not an elementwise, broadcast, reshape, iota or constant op"
+    return f"'{op.name}' is not an elementwise, index remap, iota or constant op"
+
+
+def reads_at_own_offsets(ops) -> bool:
+    """Whether every op reads its operands at its own row-major offsets, so vector lanes may run
+    across rows (otherwise they must stay within the innermost dimension)."""
+    for op in ops:
+        if isinstance(op, (IotaOp, *REMAP_OPS)):
+            return False
+        if isinstance(op, BroadcastOp):
+            x, out = op.operands[0].type, op.results[0].type
+            if x.size != 1 and x.shape != out.shape:
+                return False
+    return True
 
 
 @dataclass(eq=False)
@@ -59,6 +77,31 @@ class Evaluator:
         self.memo: dict[tuple[Value, Point], list[str]] = {}
         self.derived: dict[tuple[object, Point], Point] = {}  # (op or operand, point) -> its operand's point
         self.splits: dict[Point, list[Point]] = {}
+        self.uniforms: dict[tuple[int, ...], Point] = {}
+
+    def child(self) -> "Evaluator":
+        """An evaluator for a region nested in this one's: it reuses this one's registers."""
+        ev = Evaluator(self.em, self.memrefs, self.pinned)
+        ev.memo, ev.derived = ChainMap({}, self.memo), ChainMap({}, self.derived)
+        ev.splits, ev.uniforms = ChainMap({}, self.splits), ChainMap({}, self.uniforms)
+        return ev
+
+    def branch(self, cond: str, dtype: str, lanes: int, then, other) -> list[str]:
+        """`lanes` registers of `dtype` from an `scf.if cond`: `then(ev)` / `other(ev)` return each
+        side's registers, computed with a child evaluator of that side."""
+        em, types = self.em, ", ".join([element(dtype)] * lanes)
+        names = [em.fresh("r") for _ in range(lanes)]
+        em.line(f"{', '.join(names)} = scf.if {cond} -> ({types}) {{")
+        for side, build in (("} else {", then), ("}", other)):
+            em.depth += 1
+            em.line(f"scf.yield {', '.join(build(self.child()))} : {types}")
+            em.depth -= 1
+            em.line(side)
+        return names
+
+    def read(self, x: Value, coords: list[str], lanes: int = 1) -> list[str]:
+        """`x` at the element with `coords` (and the `lanes` - 1 after it, along its innermost dim)."""
+        return self.lanes(x, Point(x.type.shape, lanes, True, coords=list(coords)))
 
     # -- index arithmetic
     def flat(self, p: Point) -> str:
@@ -91,17 +134,33 @@ class Evaluator:
         return p.coords
 
     def split(self, p: Point) -> list[Point]:
-        """The single-lane points of a contiguous point."""
+        """The single-lane points of a contiguous point (with their coordinates where the lanes lie
+        in one row: the lane number is then added to the innermost coordinate)."""
         if p not in self.splits:
-            base = self.flat(p)
-            self.splits[p] = [Point(p.shape, 1, True, flat=base if i == 0 else
-                                    self.em.op(f"arith.addi {base}, {self.em.index(i)} : index"))
-                              for i in range(p.lanes)]
+            em, base = self.em, self.flat(p)
+            in_row = p.shape and p.shape[-1] % p.lanes == 0
+            coords = self.coords(p) if in_row else None
+            points = [Point(p.shape, 1, True, flat=base, coords=coords)]
+            for i in range(1, p.lanes):
+                one = em.index(i)
+                flat = em.op(f"arith.addi {base}, {one} : index")
+                lane_coords = coords[:-1] + [em.op(f"arith.addi {coords[-1]}, {one} : index")] if in_row else None
+                points.append(Point(p.shape, 1, True, flat=flat, coords=lane_coords))
+            self.splits[p] = points
         return self.splits[p]
+
+    def first_lane(self, p: Point) -> Point:
+        """A single-lane point at the first element of `p`."""
+        return Point(p.shape, 1, True, flat=p.flat, coords=p.coords)
 
     def uniform(self, shape: tuple[int, ...], lanes: int) -> Point:
         """The one element of a size-1 value, seen by every lane."""
-        return Point(shape, lanes, False, coords=[self.em.index(0)] * len(shape))
+        if lanes != 1:
+            return Point(shape, lanes, False, coords=[self.em.index(0)] * len(shape))
+        if shape not in self.uniforms:  # complete now: a child region may use it
+            zero = self.em.index(0)
+            self.uniforms[shape] = Point(shape, 1, False, flat=zero, coords=[zero] * len(shape))
+        return self.uniforms[shape]
 
     # -- values
     def lanes(self, v: Value, p: Point) -> list[str]:
@@ -128,6 +187,8 @@ class Evaluator:
             q = self.derived.get((op, p)) or Point(op.operands[0].type.shape, p.lanes, p.contiguous, flat=self.flat(p))
             self.derived[op, p] = q
             return self.lanes(op.operands[0], q)
+        if isinstance(op, REMAP_OPS):
+            return evaluate_remap(self, op, p)
         if isinstance(op, IotaOp):
             return self._iota(op, p)
         if isinstance(op, ConstantOp):

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from jnova.codegen.gpu.emitter import (GpuEmitter, GpuModule, gpu_module_text, kernel_params, narrow_after_exchange,
                                        scalar_constant, widen_for_exchange)
-from jnova.codegen.gpu.evaluate import Evaluator, Point, unsupported_op, widest_vector
+from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, unsupported_op, widest_vector
 from jnova.codegen.linalg.emitter import compute_dtype, element
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.codegen.linalg.rules_reduce import combine, reduce_init
-from jnova.dialect.ops import BroadcastOp, IotaOp, ReduceOp
+from jnova.dialect.ops import ReduceOp
 from jnova.dialect.types import bitwidth
 from jnova.passes.form_kernels import Kernel
 from jnova.runtime.target import Target
@@ -74,9 +74,7 @@ def choose_row_reduction_schedule(kernel: Kernel, target: Target) -> RowReductio
     cols = math.prod(x.shape[d] for d in reduce.attrs["dims"])
     # vector groups never cross rows: they divide the row, and the last dim too unless every read is
     # at the reduced value's own offsets
-    own_offsets = not any(isinstance(op, IotaOp) or (isinstance(op, BroadcastOp) and op.operands[0].type.size != 1
-                                                     and op.operands[0].type.shape != op.results[0].type.shape)
-                          for op in kernel.ops)
+    own_offsets = reads_at_own_offsets(op for op in kernel.ops if op is not reduce)
     vector = widest_vector([v.type for v in kernel.inputs], cols if own_offsets else x.shape[-1])
     groups = cols // vector
     team = min(target.max_threads_per_block, 1 << max(0, math.ceil(math.log2(max(1, groups / GROUPS_PER_THREAD)))))

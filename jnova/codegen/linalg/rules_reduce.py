@@ -48,7 +48,9 @@ def combine(s, kind: str, dtype: str, acc: str, x: str) -> str:
 def _reduce(em, op, x):
     xt, out = op.operands[0].type, op.results[0].type
     kind, dims = op.attrs["kind"], op.attrs["dims"]
-    acc_dtype = compute_dtype(xt.dtype)  # 16-bit floats accumulate in f32
+    # 16-bit floats accumulate in f32; f32 sums in f64: one long sequential loop in f32 loses
+    # ~sqrt(n) ulps (XLA's CPU sums in blocks), in f64 the sum is exact to the final rounding
+    acc_dtype = "float64" if kind == "sum" and xt.dtype == "float32" else compute_dtype(xt.dtype)
     acc_t = out.with_dtype(acc_dtype)
     init = em.filled(acc_t, reduce_init(kind, acc_dtype))
     kept = [d for d in range(xt.rank) if d not in dims]
@@ -78,17 +80,21 @@ def _matmul(em, op, lhs, rhs):
     for i, (ld, rd) in enumerate(zip(a["lhs_contract"], a["rhs_contract"])):
         lmap[ld], rmap[rd] = nb + nl + nr + i, nb + nl + nr + i
     acc_dtype = "float32" if out.dtype in ("float16", "bfloat16") else out.dtype
-    if lt.dtype == "float64" or out.dtype == "float64":
-        acc_dtype = "float64"
+    if lt.dtype == "float64" or out.dtype in ("float32", "float64"):
+        acc_dtype = "float64"  # as for sums: exact to the final rounding, however long K is
     acc_t = out.with_dtype(acc_dtype)
-    init = em.filled(acc_t, 0)
     e = element(acc_dtype)
+    mul, add = ("arith.mulf", "arith.addf") if acc_dtype in FLOAT_DTYPES else ("arith.muli", "arith.addi")
+    # Without contracting dimensions (an outer or elementwise product) the generic is all-parallel and
+    # must not read its init: MLIR's elementwise fusion would fuse such a producer into a reduction
+    # consumer with the init turned into an output read back across the reduction loop (a running sum).
+    # x * y is also what XLA computes there (0 + -0.0 would lose the sign of a negative zero).
+    init = em.filled(acc_t, 0) if nc else em.empty(acc_t)
 
     def body(s, args):
         x, y = s.cast(args[0], lt.dtype, acc_dtype), s.cast(args[1], rt.dtype, acc_dtype)
-        if acc_dtype in FLOAT_DTYPES:
-            return s.op(f"arith.addf {args[2]}, {s.op(f'arith.mulf {x}, {y} : {e}')} : {e}")
-        return s.op(f"arith.addi {args[2]}, {s.op(f'arith.muli {x}, {y} : {e}')} : {e}")
+        product = s.op(f"{mul} {x}, {y} : {e}")
+        return s.op(f"{add} {args[2]}, {product} : {e}") if nc else product
 
     iters = ["parallel"] * (nb + nl + nr) + ["reduction"] * nc
     acc = em.generic([(lhs, lt, affine_map(rank, lmap)), (rhs, rt, affine_map(rank, rmap))],

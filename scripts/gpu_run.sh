@@ -1,105 +1,32 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark of jnova's GPU backend, run on the GPU machine from the repo root:
+# Every GPU test and the GPU benchmarks, in one call on the GPU machine, from the repo root:
 #   OUT=<results dir> bash scripts/gpu_run.sh
-# Needs .gpu-pack/mlir-py312.tar.xz (bash shared/tools/pack-mlir-py312.sh .gpu-pack: the MLIR bindings
-# for the machine's Python 3.12) and, used only if that python3 has no pytest, .gpu-pack/wheels/*.whl.
-# Writes under $OUT: gpu-tests.xml (JUnit), gpu-tests.log, gpu-bench.jsonl (one DESIGN.md record per
-# line), gpu-summary.json (test counts, failures, benchmark records, device, versions).
+# Needs .gpu-pack/mlir-py312.tar.xz (bash ../shared/tools/pack-mlir-py312.sh .gpu-pack: the MLIR bindings
+# for the machine's Python 3.12). Writes under $OUT: gpu-tests.xml and gpu-tests.log (pytest -m gpu),
+# kernels.jsonl (benchmarks/kernels.py), gpt2_step.jsonl (benchmarks/gpt2_step.py, one process per
+# configuration, plus a second jnova process on the same cache for the warm compile), gpu-summary.json.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 s=$(mktemp -d) && tar -xJf .gpu-pack/mlir-py312.tar.xz -C "$s" && export PYTHONPATH=$s:$PWD || exit 1
-if ! python3 -c "import pytest" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target "$s" .gpu-pack/wheels/*.whl || exit 1
-fi
-export JAX_PLATFORMS=cuda PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin
+export JAX_PLATFORMS=cuda PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin OUT
 export JNOVA_SHA=${JNOVA_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export JNOVA_DIFF_PROFILE=${JNOVA_DIFF_PROFILE:-gpu}
 
-python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/gpu --junitxml="$OUT/gpu-tests.xml" 2>&1 \
-  | tee "$OUT/gpu-tests.log"
-tests_rc=${PIPESTATUS[0]}
+python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/gpu --junitxml="$OUT/gpu-tests.xml" \
+  > "$OUT/gpu-tests.log" 2>&1
+tests_rc=$?
+tail -25 "$OUT/gpu-tests.log"
 
-python3 - "$OUT" "$tests_rc" <<'EOF' 2>&1 | tee "$OUT/gpu-bench.log"
-"""Benchmarks (not tests): jnova's kernel and XLA's fusion of the same function, in one process."""
-import datetime, json, os, sys, time
-import xml.etree.ElementTree as ET
-
-import jax, jax.numpy as jnp, numpy as np
-
-out_dir, tests_rc = sys.argv[1], int(sys.argv[2])
-sys.path.insert(0, "tests/gpu")
-from test_gpu_kernels import TARGET, GpuKernelHandle, compile_gpu_kernel, kernel_of, nova_kernel_p  # noqa: E402
-from jnova.codegen.gpu.ptx import assemble_check  # noqa: E402
-
-device = jax.devices()[0].device_kind
-base = {"bench": "gpu_kernels", "device": device, "date": datetime.date.today().isoformat(),
-        "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown")}
-CASES = [  # name, function, argument shapes and dtype
-    ("axpby_64M", lambda x, y: x * 0.9 + y * 0.1, [(64 * 2**20,)] * 2, jnp.float32),
-    ("tanh_gate_bf16_8192x8192", lambda x, y: jnp.tanh(x) * y + x, [(8192, 8192)] * 2, jnp.bfloat16),
-    ("bias_rows_4096x4096", lambda x, b: x * 2 + b, [(4096, 4096), (4096,)], jnp.float32),
-    ("row_max_bf16_4096x50304", lambda x: jnp.max(x, axis=-1), [(4096, 50304)], jnp.bfloat16),
-    ("row_sum_f32_65536x1024", lambda x: jnp.sum(x, axis=-1), [(65536, 1024)], jnp.float32),
-]
-
-
-def seconds(f, args, iters=20):
-    jax.block_until_ready(f(*args))
-    start = time.perf_counter()
-    for _ in range(iters):
-        result = f(*args)
-    jax.block_until_ready(result)
-    return (time.perf_counter() - start) / iters
-
-
-records = []
-for name, fn, shapes, dtype in CASES:
-    rng = np.random.default_rng(0)
-    args = [jnp.asarray(rng.standard_normal(s, np.float32), dtype) for s in shapes]
-    try:
-        kernel, inputs = kernel_of(fn, *args)
-        launch = compile_gpu_kernel(kernel, TARGET)
-        report = assemble_check(launch.ptx, TARGET.arch)
-        handle = GpuKernelHandle(launch, [v.type for v in kernel.outputs])
-        call = jax.jit(lambda *xs: nova_kernel_p.bind(*xs, kernel=handle)[0])
-        want = jax.jit(fn)(*args)
-        nbytes = sum(a.nbytes for a in args) + want.nbytes
-        jnova_s, xla_s = seconds(call, inputs), seconds(jax.jit(fn), args)
-        got = call(*inputs)
-        err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
-    except Exception as e:  # a benchmark failure is reported, the others still run
-        print(f"{name}: FAILED {type(e).__name__}: {e}"[:2000])
-        records.append({**base, "case": name, "impl": "jnova", "metric": "error", "value": str(e)[:500]})
-        continue
-    print(f"{name}: {launch.schedule} | {report} | jnova {nbytes / jnova_s / 1e9:.0f} GB/s "
-          f"({jnova_s * 1e3:.3f} ms), xla {nbytes / xla_s / 1e9:.0f} GB/s ({xla_s * 1e3:.3f} ms), max |err| {err:.3g}")
-    common = {**base, "case": name, "dtype": jnp.dtype(dtype).name}
-    records += [{**common, "impl": "jnova", "metric": "gbps", "value": nbytes / jnova_s / 1e9},
-                {**common, "impl": "xla", "metric": "gbps", "value": nbytes / xla_s / 1e9},
-                {**common, "impl": "jnova", "metric": "ms", "value": jnova_s * 1e3},
-                {**common, "impl": "xla", "metric": "ms", "value": xla_s * 1e3},
-                {**common, "impl": "jnova", "metric": "max_abs_err", "value": err}]
-    if report is not None:
-        records += [{**common, "impl": "jnova", "metric": "registers", "value": report.registers},
-                    {**common, "impl": "jnova", "metric": "spill_bytes", "value": report.spills}]
-
-with open(os.path.join(out_dir, "gpu-bench.jsonl"), "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in records)
-
-summary = {"device": device, "jax": jax.__version__, "jnova": base["jnova"], "tests_exit_code": tests_rc}
-try:
-    suite = ET.parse(os.path.join(out_dir, "gpu-tests.xml")).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    summary["tests"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    summary["failed"] = []
-    for case in suite.iter("testcase"):
-        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
-        if problem is not None:
-            summary["failed"].append(f"{case.get('name')}: {problem.get('message', '')[:300]}")
-except Exception as e:
-    summary["tests"] = f"no JUnit report: {e}"
-summary["bench"] = records
-with open(os.path.join(out_dir, "gpu-summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
-print(json.dumps({k: v for k, v in summary.items() if k != "bench"}, indent=1))
-EOF
+timeout 300 python3 benchmarks/kernels.py 2>&1 | grep -v Warning | tail -8
+export JNOVA_CACHE_DIR=$(mktemp -d)  # shared by the two jnova float32 runs: the second is the warm compile
+for dtype in float32 bfloat16; do
+  for impl in jnova xla; do
+    timeout 300 python3 benchmarks/gpt2_step.py --impl $impl --dtype $dtype > /dev/null 2>"$OUT/bench-$impl-$dtype.err" \
+      || { echo "gpt2_step $impl $dtype failed:"; tail -5 "$OUT/bench-$impl-$dtype.err"; }
+  done
+done
+timeout 300 python3 benchmarks/gpt2_step.py --impl jnova --dtype float32 --label warm > /dev/null 2>&1 \
+  || echo "gpt2_step warm failed"
+rm -f "$OUT"/bench-*.err
+python3 benchmarks/summarize.py "$OUT" "$tests_rc"
 exit "$tests_rc"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jnova.codegen.gpu.column_reduction import build_column_reduction, column_reduction_refusal
 from jnova.codegen.gpu.contraction import build_contraction, contraction_refusal
 from jnova.codegen.gpu.elementwise import build_elementwise, elementwise_refusal
 from jnova.codegen.gpu.emitter import GpuModule
@@ -18,6 +19,7 @@ BUILDERS = (
     ("contraction", contraction_refusal, build_contraction),
     ("elementwise", elementwise_refusal, build_elementwise),
     ("row reduction", row_reduction_refusal, build_row_reduction),
+    ("column reduction", column_reduction_refusal, build_column_reduction),
     ("scatter-add", scatter_refusal, build_scatter_add),
 )
 

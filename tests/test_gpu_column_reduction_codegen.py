@@ -1,0 +1,110 @@
+"""Column reductions (`codegen/gpu/column_reduction.py`) without a GPU: PTX through ptxas for sm_90a
+(no spills), and the gpu.func emulated on the CPU (`test_gpu_codegen.simulate`, one thread after
+another; the shared-memory buffer becomes a parameter and the barrier is dropped, which is sound
+because the thread that folds the partials is the last of its block) with poisoned outputs against
+jax.jit."""
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jnova.codegen.gpu.column_reduction import column_reduction_refusal
+from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
+from jnova.codegen.gpu.ptx import assemble_check
+from jnova.runtime.target import get_target
+from test_gpu_codegen import _aligned, kernel_of, poisoned_like, rand, requires_ptxas, simulate
+
+f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
+
+
+def _with_nans(x):
+    """NaNs in some columns (one per 7 rows of column 3, every 3rd column of row 5)."""
+    return x.at[::7, 3].set(jnp.nan).at[5, ::3].set(jnp.nan)
+
+
+CASES = {
+    "bias_grad_8x1024x768": (lambda x: jnp.sum(x, axis=(0, 1)), [((8, 1024, 768), f32)]),
+    "sum_4096x768": (lambda x: jnp.sum(x, axis=0), [((4096, 768), f32)]),
+    "sum_3x5x7": (lambda x: jnp.sum(x, axis=(0, 1)), [((3, 5, 7), f32)]),
+    "bf16_sum_8x128x768": (lambda x: jnp.sum(x, axis=(0, 1)), [((8, 128, 768), bf16)]),
+    "prologue_epilogue": (lambda x, y: jnp.sum(x * y, axis=0) * 0.5, [((512, 384), f32), ((512, 384), f32)]),
+    "layernorm_weight_grad_bf16": (lambda g, xhat: jnp.sum(g.astype(f32) * xhat.astype(f32), axis=(0, 1)),
+                                   [((4, 256, 768), bf16), ((4, 256, 768), bf16)]),
+    "max_nan": (lambda x: jnp.max(x, axis=0), [((300, 40), f32)]),
+    "min_i32_keep_2d": (lambda x: jnp.min(x, axis=0), [((33, 6, 10), i32)]),
+}
+
+
+def case_kernel(name):
+    fn, specs = CASES[name]
+    args = [rand(shape, dtype, seed) for seed, (shape, dtype) in enumerate(specs)]
+    if "nan" in name:
+        args = [_with_nans(x) for x in args]
+    return fn, args, *kernel_of(fn, *args)
+
+
+def test_only_leading_dims_are_column_reductions():
+    kernel, _ = kernel_of(lambda x: jnp.sum(x, axis=(0, 1)), jnp.ones((2, 3, 4)))
+    assert column_reduction_refusal(kernel) is None
+    kernel, _ = kernel_of(lambda x: jnp.sum(x, axis=1), jnp.ones((2, 3, 4)))
+    assert "not a proper prefix" in column_reduction_refusal(kernel)
+    kernel, _ = kernel_of(lambda x: jnp.any(x > 1.0, axis=0), jnp.ones((50, 4, 5)))
+    assert "reduces bools" in column_reduction_refusal(kernel)
+
+
+@requires_ptxas
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ptx_assembles_without_spills(name):
+    _, _, kernel, _ = case_kernel(name)
+    target = get_target("h200")
+    launch = compile_gpu_kernel(kernel, target)
+    report = assemble_check(launch.ptx, target.arch)
+    print(f"{name}: {launch.schedule}: {report}")
+    assert launch.schedule.startswith("column_reduction(")
+    assert report.spills == 0 and report.stack_frame == 0, report.log
+    assert report.registers <= 64, report.log
+
+
+def test_schedule_reads_16_bytes_and_spreads_columns_over_blocks():
+    _, _, kernel, _ = case_kernel("sum_4096x768")
+    launch = compile_gpu_kernel(kernel, get_target("h200"))
+    assert "vector=4" in launch.schedule and "ld.global.v4" in launch.ptx
+    assert launch.grid[0] * launch.block[0] >= 768 // 4 and launch.block[0] % 32 == 0
+    _, _, kernel, _ = case_kernel("bf16_sum_8x128x768")
+    assert "vector=8" in compile_gpu_kernel(kernel, get_target("h200")).schedule
+
+
+def simulate_with_shared_memory(module, inputs, outputs):
+    """`simulate`, with the kernel's workgroup buffer passed as a last parameter and no barrier."""
+    lines = module.text.splitlines()
+    head = next(i for i, line in enumerate(lines) if "gpu.func" in line)
+    match = re.search(r" workgroup\((%\w+) : memref<(\d+)x(\w+), #gpu.address_space<workgroup>>\)", lines[head])
+    name, size, dtype = match.groups()
+    lines[head] = lines[head].replace(match.group(0), "").replace(") kernel", f", {name}: memref<{size}x{dtype}>) kernel")
+    text = "\n".join(line for line in lines if line.strip() != "gpu.barrier")
+    text = text.replace(", #gpu.address_space<workgroup>", "")
+    shared = _aligned(np.zeros(int(size), {"f32": np.float32, "i32": np.int32, "f64": np.float64}[dtype]))
+    simulate(dataclasses.replace(module, text=text), inputs, outputs + [shared])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernel_simulated_on_cpu_matches_jit(name):
+    fn, args, kernel, inputs = case_kernel(name)
+    module = build_gpu_module(kernel, get_target("h200"))
+    assert module.schedule.startswith("column_reduction(") and "gpu.shuffle" not in module.text
+    want = jax.tree.leaves(jax.jit(fn)(*args))
+    if name == "max_nan":  # NumPy propagates NaN as rules_reduce.py does (this jax.jit on CPU drops it)
+        want = [np.max(np.asarray(args[0]), axis=0)]
+    outs = [poisoned_like(np.asarray(w)) for w in want]
+    simulate_with_shared_memory(module, inputs, outs)
+    for got, w in zip(outs, want):
+        w = np.asarray(w)
+        if w.dtype == jnp.bfloat16:
+            got, w = got.astype(np.float32), w.astype(np.float32)
+        rtol = 2e-2 if "bf16" in name else 1e-5
+        np.testing.assert_allclose(got, w, rtol=rtol, atol=1e-3 if "bf16" in name else 1e-4)
+    if name == "max_nan":
+        assert np.isnan(outs[0]).sum() == np.isnan(np.asarray(want[0])).sum() > 0

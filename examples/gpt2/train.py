@@ -7,15 +7,14 @@ Commands, from the repository root (README: how to install):
   python examples/gpt2/train.py --small --data kjv --steps 20
   python examples/gpt2/train.py --model tiny --batch 8 --seq-len 64 --steps 50 --compare-xla
   python examples/gpt2/train.py --data 'fineweb10B/fineweb_train_*.bin'    # llm.c / nanoGPT uint16 token shards
-  python examples/gpt2/train.py --model gpt2-124m --batch 8 --seq-len 1024      # for the GPU backend (not ready yet)
+  python examples/gpt2/train.py --model gpt2-124m --batch 8 --seq-len 1024 --compare-xla   # on a GPU
 
-Prints `step | loss | ms | tok/s` per step (MFU once jnova runs on a GPU), and with --compare-xla (implied by
+Prints `step | loss | ms | tok/s` per step (and MFU on a GPU), and with --compare-xla (implied by
 --small) jax.jit's loss and time next to jnova's, checking |loss_jnova - loss_xla| <= tol * |loss_xla| at
 every step. Both are compiled before step 1 (jnova's step 1 still includes XLA's compilation of the
 function around jnova's kernels).
 
-jnova's GPU backend is not complete yet (contractions still run as XLA ops): on a machine with a GPU this
-example says so and runs on the CPU.
+On a GPU, jnova and XLA both use TF32 contractions, so the loss check uses --tol 2e-3 there unless given.
 """
 from __future__ import annotations
 
@@ -55,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialization and of the batches")
     p.add_argument("--compare-xla", action="store_true", help="also train with jax.jit and check loss parity")
-    p.add_argument("--tol", type=float, default=1e-5, help="relative loss tolerance of --compare-xla (default 1e-5)")
+    p.add_argument("--tol", type=float, default=None,
+                   help="relative loss tolerance of --compare-xla (default 1e-5 on the CPU, 2e-3 on a GPU: TF32)")
     args = p.parse_args(argv)
     for name, value in (SMALL if args.small else DEFAULTS).items():
         if getattr(args, name) is None:
@@ -75,12 +75,19 @@ def model_config(args) -> GPTConfig:
 
 
 def compute_device() -> jax.Device:
-    """The CPU, while jnova's GPU backend is incomplete. Says so when a GPU is present."""
-    if jax.default_backend() != "cpu":
-        print(f"note: found a {jax.default_backend().upper()} ({jax.devices()[0].device_kind}), but jnova's GPU "
-              "backend is not complete yet (README: Status); this example runs on the CPU",
-              flush=True)
-    return jax.devices("cpu")[0]
+    """The default device: the GPU when there is one (jnova compiles for it), else the CPU."""
+    device = jax.devices()[0]
+    print(f"device: {device.platform.upper()} ({device.device_kind})", flush=True)
+    return device
+
+
+def peak_flops(device: jax.Device) -> float | None:
+    """The GPU's dense tensor-core FLOP/s for f32 (TF32) training, for MFU; None on the CPU."""
+    if device.platform == "cpu":
+        return None
+    from jnova.runtime.target import get_target
+
+    return get_target(None).peak_tensor_flops("float32")
 
 
 def timed(fn, *args):
@@ -103,7 +110,7 @@ def train(args) -> int:
     print(f"GPT-2 {args.model}: {cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
           f"{n_params / 1e6:.2f}M parameters; data {args.data}: {len(tokens):,} tokens; "
           f"batch {args.batch} x {args.seq_len}", flush=True)
-    if n_params > 20e6:
+    if n_params > 20e6 and jax.devices()[0].platform == "cpu":
         print("note: jnova's CPU kernels are unoptimized loops; a model this size takes minutes per step", flush=True)
 
     # donate params and optimizer state (updated in place); each side starts from its own copy of the init
@@ -121,7 +128,9 @@ def train(args) -> int:
         print(f"{name}: compiled in {time.perf_counter() - start:.1f} s", flush=True)
 
     tokens_per_step = args.batch * args.seq_len
-    header = f"{'step':>5} | {'loss':>8} | {'ms':>8} | {'tok/s':>8}"
+    peak = peak_flops(jax.devices()[0])
+    step_flops = cfg.flops_per_token(args.seq_len) * tokens_per_step
+    header = f"{'step':>5} | {'loss':>8} | {'ms':>8} | {'tok/s':>8}" + (f" | {'MFU':>5}" if peak else "")
     if args.compare_xla:
         header += f" | {'xla loss':>8} | {'xla ms':>8} | {'rel diff':>8}"
     print(header, flush=True)
@@ -134,6 +143,8 @@ def train(args) -> int:
             times[name].append(ms)
         row = (f"{i:>5} | {losses['jnova']:>8.4f} | {times['jnova'][-1]:>8.1f} | "
                f"{tokens_per_step / times['jnova'][-1] * 1e3:>8.0f}")
+        if peak:
+            row += f" | {step_flops / (times['jnova'][-1] / 1e3) / peak:>5.1%}"
         if args.compare_xla:
             diff = abs(losses["jnova"] - losses["xla"]) / max(abs(losses["xla"]), 1e-30)
             worst = max(worst, diff)
@@ -154,7 +165,10 @@ def train(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    with jax.default_device(compute_device()):
+    device = compute_device()
+    if args.tol is None:
+        args.tol = 1e-5 if device.platform == "cpu" else 2e-3
+    with jax.default_device(device):
         return train(args)
 
 

@@ -12,6 +12,8 @@ from typing import Any, Callable
 import jax
 from jax.extend import core as jex_core
 
+from jnova.runtime.jax_internals import is_key
+
 
 @dataclass
 class Captured:
@@ -43,11 +45,14 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Captured:
 
 
 def abstract(x) -> jax.ShapeDtypeStruct:
-    """The shape and dtype of an argument (an array, a scalar, or a ShapeDtypeStruct)."""
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return x
+    """The shape and dtype of an argument (an array, a scalar, or a ShapeDtypeStruct), with the dtype
+    jax.jit gives it: without jax_enable_x64 a float64 / int64 NumPy array is passed as float32 / int32,
+    so it is traced and compiled as one."""
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=bool(getattr(x, "weak_type", False)))
+        dtype = x.dtype if is_key(x.dtype) else jax.dtypes.canonicalize_dtype(x.dtype)  # keys stay keys
+        if isinstance(x, jax.ShapeDtypeStruct) and dtype == x.dtype:
+            return x
+        return jax.ShapeDtypeStruct(x.shape, dtype, weak_type=bool(getattr(x, "weak_type", False)))
     try:
         aval = jax.typeof(x)   # jax.core.get_aval was removed in JAX 0.10
     except TypeError:

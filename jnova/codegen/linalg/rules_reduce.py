@@ -44,6 +44,19 @@ def combine(s, kind: str, dtype: str, acc: str, x: str) -> str:
     return s.op(f"{name} {acc}, {x} : {e}")
 
 
+# |x| from which round-to-nearest gives f32 infinity: the largest f32 plus half its ulp
+F32_OVERFLOW = (2 - 2.0**-24) * 2.0**127
+
+
+def f32_overflow(s, total: str) -> str:
+    """An f64 running sum that stands for an f32 one: past the f32 range it becomes +-inf, as the f32
+    accumulator would (XLA's CPU dot adds exact products with FMA into an f32 accumulator). Later terms
+    then see the infinity: -2 * 2.1e38 + inf is -inf + inf = NaN, as in XLA, not the f64 sum's inf."""
+    magnitude, limit, inf = s.op(f"math.absf {total} : f64"), s.const(F32_OVERFLOW, "float64"), s.const(np.inf, "float64")
+    big = s.op(f"arith.cmpf oge, {magnitude}, {limit} : f64")
+    return s.op(f"arith.select {big}, {s.op(f'arith.mulf {total}, {inf} : f64')}, {total} : f64")
+
+
 @lowering("nova.reduce")
 def _reduce(em, op, x):
     xt, out = op.operands[0].type, op.results[0].type
@@ -55,9 +68,13 @@ def _reduce(em, op, x):
     init = em.filled(acc_t, reduce_init(kind, acc_dtype))
     kept = [d for d in range(xt.rank) if d not in dims]
     iters = ["reduction" if d in dims else "parallel" for d in range(xt.rank)]
+
+    def body(s, a):
+        total = combine(s, kind, acc_dtype, a[1], s.cast(a[0], xt.dtype, acc_dtype))
+        return f32_overflow(s, total) if acc_dtype == "float64" and out.dtype == "float32" else total
+
     acc = em.generic([(x, xt, affine_map(xt.rank, list(range(xt.rank))))],
-                     [(init, acc_t, affine_map(xt.rank, kept))], iters,
-                     lambda s, a: combine(s, kind, acc_dtype, a[1], s.cast(a[0], xt.dtype, acc_dtype)))[0]
+                     [(init, acc_t, affine_map(xt.rank, kept))], iters, body)[0]
     if acc_dtype == out.dtype:
         return acc
     return em.map_elementwise([(acc, acc_t)], out, lambda s, a: s.cast(a[0], acc_dtype, out.dtype))
@@ -94,7 +111,10 @@ def _matmul(em, op, lhs, rhs):
     def body(s, args):
         x, y = s.cast(args[0], lt.dtype, acc_dtype), s.cast(args[1], rt.dtype, acc_dtype)
         product = s.op(f"{mul} {x}, {y} : {e}")
-        return s.op(f"{add} {args[2]}, {product} : {e}") if nc else product
+        if not nc:
+            return product
+        total = s.op(f"{add} {args[2]}, {product} : {e}")
+        return f32_overflow(s, total) if acc_dtype == "float64" and out.dtype == "float32" else total
 
     iters = ["parallel"] * (nb + nl + nr) + ["reduction"] * nc
     acc = em.generic([(lhs, lt, affine_map(rank, lmap)), (rhs, rt, affine_map(rank, rmap))],

@@ -44,7 +44,8 @@ LABELS = np.array([1, 3], np.int32)
 
 
 # --------------------------------------------------------------------------- argument types
-@pytest.mark.parametrize("bad", ["a string", b"bytes", object(), print, {1, 2}], ids=["str", "bytes", "object", "function", "set"])
+@pytest.mark.parametrize("bad", ["a string", b"bytes", object(), print, {1, 2}],
+                         ids=["str", "bytes", "object", "function", "set"])
 def test_non_array_argument_raises_type_error_like_jit(bad):
     with pytest.raises(TypeError):
         jax.jit(xent_step)(bad, X, LABELS)
@@ -127,15 +128,18 @@ def test_non_contiguous_numpy_views_like_jit():
 # --------------------------------------------------------------------------- special values
 NAN_INF_CASES = {
     "nan_in_matmul_input": lambda w, x: xent_step(w, x.at[0, 1].set(jnp.nan), LABELS),
-    "inf_logit_softmax": lambda w, x: jax.value_and_grad(lambda w: jnp.sum(jax.nn.softmax((x @ w).at[1, 2].set(jnp.inf))))(w),
+    "inf_logit_softmax": lambda w, x: jax.value_and_grad(
+        lambda w: jnp.sum(jax.nn.softmax((x @ w).at[1, 2].set(jnp.inf))))(w),
     "masked_logits_minus_inf": lambda w, x: jax.value_and_grad(
         lambda w: jnp.sum(jax.nn.log_softmax(jnp.where(jnp.arange(4) < 2, x @ w, -jnp.inf)) ** 2))(w),
     "relu_max_min_of_nan": lambda w, x: (jax.nn.relu(x.at[0, 0].set(jnp.nan)), jnp.max(x.at[1, 1].set(jnp.nan), axis=1),
                                         jnp.minimum(x, jnp.nan), jnp.argmax(x.at[0, 2].set(jnp.nan), axis=1)),
     "inf_minus_inf_and_zero_times_inf": lambda w, x: (x * jnp.inf - x * jnp.inf, (x - x) * jnp.inf, jnp.exp(x * 1e5)),
     "layer_norm_of_inf_row": lambda w, x: jax.value_and_grad(
-        lambda x: jnp.sum((x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)))(x.at[0, 1].set(jnp.inf)),
-    "log_of_zero_and_negative": lambda w, x: (jnp.log(jnp.abs(x) * 0.0), jnp.log(-jnp.abs(x) - 1), jnp.sqrt(-jnp.abs(x) - 1)),
+        lambda x: jnp.sum((x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)))(
+            x.at[0, 1].set(jnp.inf)),
+    "log_of_zero_and_negative": lambda w, x: (jnp.log(jnp.abs(x) * 0.0), jnp.log(-jnp.abs(x) - 1),
+                                              jnp.sqrt(-jnp.abs(x) - 1)),
     "overflow_to_inf_then_gradient": lambda w, x: jax.value_and_grad(lambda w: jnp.sum(jnp.exp((x @ w) * 100.0)))(w),
 }
 
@@ -170,13 +174,16 @@ ZERO_SIZE_CASES = {
     "empty_contraction_is_zero": (lambda w, x: jax.value_and_grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w),
                                   (np.ones((0, 4), np.float32), np.ones((2, 0), np.float32))),
     "no_classes": (xent_step, (np.ones((3, 0), np.float32), X, LABELS)),
-    "max_over_empty_axis_is_minus_inf": (lambda x: (jnp.max(x, axis=0, initial=-jnp.inf), jnp.min(x, axis=0, initial=jnp.inf),
-                                                    jnp.prod(x, axis=0), jnp.sum(x, axis=0)), (np.ones((0, 3), np.float32),)),
+    "max_over_empty_axis_is_minus_inf": (
+        lambda x: (jnp.max(x, axis=0, initial=-jnp.inf), jnp.min(x, axis=0, initial=jnp.inf), jnp.prod(x, axis=0),
+                   jnp.sum(x, axis=0)),
+        (np.ones((0, 3), np.float32),)),
     "concatenate_and_slice_with_empty_pieces": (
         lambda x, e: (jnp.concatenate([e, x, e], axis=0), x[1:1], jnp.cumsum(e, axis=0), jnp.pad(e, ((1, 1), (0, 0)))),
         (X, np.ones((0, 3), np.float32))),
     "layer_norm_over_empty_features": (
-        lambda x: jax.value_and_grad(lambda x: jnp.sum((x - x.mean(-1, keepdims=True)) * 2.0))(x), (np.ones((4, 0), np.float32),)),
+        lambda x: jax.value_and_grad(lambda x: jnp.sum((x - x.mean(-1, keepdims=True)) * 2.0))(x),
+        (np.ones((4, 0), np.float32),)),
 }
 
 

@@ -22,8 +22,10 @@ import optax
 from jax import lax
 
 FLOATS = ("float32", "bfloat16")
-JNP_DTYPE = {"float64": "jnp.float64", "float32": "jnp.float32", "bfloat16": "jnp.bfloat16", "int32": "jnp.int32", "bool": "jnp.bool_"}
-NUMPY_DTYPE = {"float64": np.float64, "float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "int32": np.int32, "bool": np.bool_}
+JNP_DTYPE = {"float64": "jnp.float64", "float32": "jnp.float32", "bfloat16": "jnp.bfloat16", "int32": "jnp.int32",
+             "bool": "jnp.bool_"}
+NUMPY_DTYPE = {"float64": np.float64, "float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "int32": np.int32,
+               "bool": np.bool_}
 
 
 @dataclass(frozen=True)

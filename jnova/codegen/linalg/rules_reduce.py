@@ -52,7 +52,8 @@ def f32_overflow(s, total: str) -> str:
     """An f64 running sum that stands for an f32 one: past the f32 range it becomes +-inf, as the f32
     accumulator would (XLA's CPU dot adds exact products with FMA into an f32 accumulator). Later terms
     then see the infinity: -2 * 2.1e38 + inf is -inf + inf = NaN, as in XLA, not the f64 sum's inf."""
-    magnitude, limit, inf = s.op(f"math.absf {total} : f64"), s.const(F32_OVERFLOW, "float64"), s.const(np.inf, "float64")
+    magnitude, limit = s.op(f"math.absf {total} : f64"), s.const(F32_OVERFLOW, "float64")
+    inf = s.const(np.inf, "float64")
     big = s.op(f"arith.cmpf oge, {magnitude}, {limit} : f64")
     return s.op(f"arith.select {big}, {s.op(f'arith.mulf {total}, {inf} : f64')}, {total} : f64")
 

@@ -22,6 +22,7 @@ from jnova.passes.cse import cse
 from jnova.passes.dce import dce
 from jnova.passes.form_kernels import form_kernels
 from jnova.runtime.target import get_target
+from gpu_emulation import aligned, poisoned_like, simulate
 
 requires_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas is not on PATH")
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
@@ -105,6 +106,34 @@ def test_16_byte_accesses_where_the_shapes_allow():
     assert "ld.global.v4.b32" in compile_gpu_kernel(kernel, get_target("h200")).ptx  # 8 bf16
 
 
+BF16_MATH = re.compile(r"\b(add|sub|mul|fma|setp|max|min|neg|abs)(\.\w+)*\.bf16(x2)?\b")
+
+
+def test_bf16_math_runs_in_f32_in_the_ptx():
+    """No native bf16 arithmetic or comparison in the PTX of bf16 kernels (GpuEmitter.bf16_to_f32: ptxas
+    of CUDA 13.0 miscompiled packed bf16 adds): the cummax program of that finding, a bf16 tanh-GELU with
+    comparisons, a row reduction and a step with bf16 contraction operands."""
+    from difftest.findings import CUMMAX_BF16, CUMMAX_BF16_SEED
+    from difftest.program import Program
+    from gpu_emulation import gpu_plan
+
+    program = Program.parse(CUMMAX_BF16)
+    kernels = gpu_plan(program.step(), *program.arguments(CUMMAX_BF16_SEED))[1].kernels
+    x = jnp.asarray(rand((64, 96), f32), bf16)
+    kernels += gpu_plan(lambda x, y: jnp.where(x > y, jax.nn.gelu(x), jnp.maximum(x, y) * y), x, x[::-1])[1].kernels
+    kernels += gpu_plan(lambda x: jnp.sum(x * x, axis=-1, dtype=bf16), x)[1].kernels
+    kernels += gpu_plan(lambda x, w, b: jnp.tanh(x @ w + b), x, x.T, x[:, 0])[1].kernels
+    checked = 0
+    for kernel in kernels:
+        try:
+            ptx = compile_gpu_kernel(kernel, get_target("h200")).ptx
+        except LoweringError:
+            continue
+        checked += 1
+        assert not BF16_MATH.search(ptx), (kernel.name, BF16_MATH.search(ptx)[0])
+    assert checked >= 20
+
+
 def test_row_reduction_uses_butterflies_and_shared_memory():
     _, _, kernel, _ = case_kernel("max_bf16_50304")
     module = build_gpu_module(kernel, get_target("h200"))
@@ -130,61 +159,6 @@ def test_ptxas_failure_keeps_the_ptx_and_the_command():
 
 
 # --------------------------------------------------------------------------- the kernels, run on the CPU
-SIM_PIPELINE = ("builtin.module(convert-scf-to-cf, convert-vector-to-llvm, expand-strided-metadata, lower-affine,"
-                "arith-expand, convert-math-to-llvm, convert-math-to-libm, finalize-memref-to-llvm,"
-                "convert-arith-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, convert-index-to-llvm,"
-                "reconcile-unrealized-casts)")
-
-
-def simulate(module, inputs, outputs):
-    """Run a gpu.module's kernel on the CPU, writing `outputs` in place: its body runs inside loops over
-    the grid's blocks and the block's threads (valid for kernels without shuffles or barriers)."""
-    from mlir import ir, passmanager
-    from mlir.execution_engine import ExecutionEngine
-    from mlir.runtime import get_ranked_memref_descriptor
-
-    lines = module.text.splitlines()
-    head = next(i for i, line in enumerate(lines) if "gpu.func" in line)
-    params = re.search(r"gpu\.func @\w+\((.*)\) kernel", lines[head]).group(1)
-    body = "\n".join(lines[head + 1: lines.index("    gpu.return")])
-    body = (body.replace("gpu.block_id x", "arith.addi %sim_b, %sim_0 : index")
-                .replace("gpu.thread_id x", "arith.addi %sim_t, %sim_0 : index")
-                .replace("gpu.grid_dim x", f"arith.constant {module.grid[0]} : index"))
-    text = "\n".join([
-        f"func.func @sim({params}) attributes {{llvm.emit_c_interface}} {{",
-        "%sim_0 = arith.constant 0 : index", "%sim_1 = arith.constant 1 : index",
-        f"%sim_g = arith.constant {module.grid[0]} : index", f"%sim_n = arith.constant {module.block[0]} : index",
-        "scf.for %sim_b = %sim_0 to %sim_g step %sim_1 {", "scf.for %sim_t = %sim_0 to %sim_n step %sim_1 {",
-        body, "}", "}", "return", "}"])
-    with ir.Context():
-        mlir_module = ir.Module.parse(text)
-        passmanager.PassManager.parse(SIM_PIPELINE).run(mlir_module.operation)
-        engine = ExecutionEngine(mlir_module, opt_level=0)
-    buffers = [_aligned(np.asarray(x)) for x in inputs] + outputs
-    descriptors = [get_ranked_memref_descriptor(b.reshape(-1).view(f"u{b.dtype.itemsize}")) for b in buffers]
-    import ctypes
-
-    engine.invoke("sim", *[ctypes.pointer(ctypes.pointer(d)) for d in descriptors])
-
-
-def _aligned(x: np.ndarray) -> np.ndarray:
-    """A 64-byte-aligned copy of `x` (the kernels' vector accesses assume 16-byte aligned buffers)."""
-    raw = np.empty(x.nbytes + 64, np.uint8)
-    start = -raw.ctypes.data % 64
-    out = raw[start: start + x.nbytes].view(x.dtype).reshape(x.shape)
-    out[...] = x
-    return out
-
-
-def poisoned_like(want: np.ndarray) -> np.ndarray:
-    """An output buffer differing from `want` in every element, so an unwritten element fails."""
-    if want.dtype == np.bool_:
-        return _aligned(~want)
-    if np.issubdtype(want.dtype, np.integer):
-        return _aligned(want + 1)
-    return _aligned(np.where(np.isnan(want.astype(np.float32)), 0, np.nan).astype(want.dtype))
-
-
 SIMULATED = sorted(ELEMENTWISE) + ["min_i32_rows_of_1", "sum_3_cols"]
 
 

@@ -1,5 +1,5 @@
 """Column reductions (`codegen/gpu/column_reduction.py`) without a GPU: PTX through ptxas for sm_90a
-(no spills), and the gpu.func emulated on the CPU (`test_gpu_codegen.simulate`, one thread after
+(no spills), and the gpu.func emulated on the CPU (`gpu_emulation.simulate`, one thread after
 another; the shared-memory buffer becomes a parameter and the barrier is dropped, which is sound
 because the thread that folds the partials is the last of its block) with poisoned outputs against
 jax.jit."""
@@ -15,7 +15,8 @@ from jnova.codegen.gpu.column_reduction import column_reduction_refusal
 from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
 from jnova.codegen.gpu.ptx import assemble_check
 from jnova.runtime.target import get_target
-from test_gpu_codegen import _aligned, kernel_of, poisoned_like, rand, requires_ptxas, simulate
+from gpu_emulation import aligned, poisoned_like, simulate
+from test_gpu_codegen import kernel_of, rand, requires_ptxas
 
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
 
@@ -86,7 +87,7 @@ def simulate_with_shared_memory(module, inputs, outputs):
     lines[head] = lines[head].replace(match.group(0), "").replace(") kernel", f", {name}: memref<{size}x{dtype}>) kernel")
     text = "\n".join(line for line in lines if line.strip() != "gpu.barrier")
     text = text.replace(", #gpu.address_space<workgroup>", "")
-    shared = _aligned(np.zeros(int(size), {"f32": np.float32, "i32": np.int32, "f64": np.float64}[dtype]))
+    shared = aligned(np.zeros(int(size), {"f32": np.float32, "i32": np.int32, "f64": np.float64}[dtype]))
     simulate(dataclasses.replace(module, text=text), inputs, outputs + [shared])
 
 

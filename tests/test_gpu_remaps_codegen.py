@@ -1,7 +1,7 @@
 """GPU code generation for data movement, without a GPU: kernels that read through transposes, slices,
 reversals, pads, concatenations, dynamic slices and gathers, and scatter-add kernels, as PTX that ptxas
 assembles for sm_90a and sm_86 without spills, and run on the CPU (the gpu.func body inside loops over
-blocks and threads, `test_gpu_codegen.simulate`) with poisoned outputs against jnp."""
+blocks and threads, `gpu_emulation.simulate`) with poisoned outputs against jnp."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +11,8 @@ from jax import lax
 from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
 from jnova.codegen.gpu.ptx import assemble_check
 from jnova.runtime.target import get_target
-from test_gpu_codegen import _aligned, kernel_of, poisoned_like, rand, requires_ptxas, simulate
+from gpu_emulation import aligned, poisoned_like, simulate
+from test_gpu_codegen import kernel_of, rand, requires_ptxas
 
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
 
@@ -118,7 +119,7 @@ def test_scatter_add_simulated_on_cpu_matches_jnp(name):
     assert [op.name for op in kernel.ops] == ["nova.scatter"]
     module = build_gpu_module(kernel, get_target("h200"))
     assert module.aliases == ((0, 0),) and "memref.atomic_rmw" in module.text
-    out = _aligned(np.asarray(args[0]))
+    out = aligned(np.asarray(args[0]))
     simulate(module, inputs, [out])
     np.testing.assert_allclose(out, np.asarray(jax.jit(fn)(*args)), rtol=1e-6, atol=1e-6)
 

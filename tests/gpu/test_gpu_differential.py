@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import difftest
 from difftest import compare
+from difftest.findings import CUMMAX_BF16, CUMMAX_BF16_SEED
 from difftest.generate import programs
 
 pytestmark = pytest.mark.gpu
@@ -41,7 +42,7 @@ if BACKEND == "gpu" and not _has_gpu():
     pytest.skip("no GPU visible to JAX", allow_module_level=True)
 
 PROFILE = difftest.profile(default="gpu")
-SHARDS = 40
+SHARDS = 100
 PER_SHARD = -(-PROFILE.gpu // SHARDS)   # SHARDS * PER_SHARD >= PROFILE.gpu >= 1000 (in every profile)
 # device time is scarce: a failing example is reported as found (its source and a rerun script are in the
 # message), not shrunk; minimize it on the CPU or in a later GPU run
@@ -101,30 +102,46 @@ def test_more_than_2_31_elements_on_the_gpu():
     assert bool(jnp.all(doubled == want))
 
 
-# --------------------------------------------------------------------------- open GPU findings
-CUMMAX_BF16 = """
-# difftest program: longest_sum=4 has_bf16=True has_contraction=False
-def loss(params, data):
-    p0 = params['p0']  # bfloat16[3, 7]
-    p1 = params['p1']  # bfloat16[]
-    s_v3 = data['s_v3']  # float32[1, 4]
-    v0 = lax.cummax(p0, axis=1)  # bfloat16[3, 7]
-    v1 = v0[0:1]  # bfloat16[1, 7]
-    v2 = lax.cummax(v1, axis=1)  # bfloat16[1, 7]
-    v3 = jnp.split(v2, [3], axis=1)[1]  # bfloat16[1, 4]
-    outs = [v3]
-"""
-
-
-@pytest.mark.xfail(strict=False, reason=(
-    "open: found by the first GPU run (H200, 2026-11-30, shard 36, seed 939): jnova's GPU step gave "
-    "outs[0][0, 2] = 0.0757 and loss -0.187 where jax.jit gives -0.0459 and -0.0523 (the gradient matched). "
-    "The same program matches jax.jit on the CPU in both kernel plans. Under value_and_grad JAX writes "
-    "cummax as an associative scan (strided slices, pads with interior and negative padding, "
-    "concatenations), which the GPU plan fuses into index-remap kernels (kernel_14/20/24 of its 39): the "
-    "suspect is codegen/gpu/remaps.py; not yet diagnosed on a GPU"))
-def test_open_cummax_of_bf16_then_slices_on_the_gpu():
+# --------------------------------------------------------------------------- GPU findings
+def test_cummax_of_bf16_then_slices_on_the_gpu():
+    """Found by the first GPU run (H200, 2026-11-30, shard 36): jnova's GPU step gave outs[0][0, 2] = 0.0757
+    where jax.jit gives -0.0459. Not jnova's index arithmetic (its kernels simulate right on the CPU,
+    tests/test_gpu_simulated_plans.py) but ptxas: packing the bf16 adds LLVM had formed into
+    HADD2.BF16_V2, its register allocation overwrote a live value (see GpuEmitter.bf16_to_f32)."""
     from difftest.program import Program
 
-    outcome = compare.run(Program.parse(CUMMAX_BF16), 939, backend=BACKEND)
+    outcome = compare.run(Program.parse(CUMMAX_BF16), CUMMAX_BF16_SEED, backend=BACKEND)
     assert not outcome.mismatches, outcome.mismatches
+
+
+def test_cummax_program_kernel_by_kernel_on_the_gpu():
+    """How the finding above was located: the program's GPU plan run one kernel at a time (each launched
+    alone under jax.jit, its outputs poisoned), every kernel's outputs compared with its ops run by
+    jax.lax on the same GPU inputs."""
+    from gpu_emulation import differences, gpu_plan, reference
+    from test_gpu_kernels import TARGET, poisoned_like, run_kernel
+
+    from difftest.program import Program
+    from jnova.codegen.gpu.compile import compile_gpu_kernel
+    from jnova.passes.form_kernels import Kernel
+
+    program = Program.parse(CUMMAX_BF16)
+    step = program.step()
+    params, data = program.arguments(CUMMAX_BF16_SEED)
+    nova, plan = gpu_plan(step, params, data)
+    flat = jax.tree.leaves((params, data)) + list(nova.const_args)
+    env = {v: jnp.asarray(x) for v, x in zip(nova.func.args, flat)}
+    problems = []
+    for s in plan.steps:
+        assert isinstance(s, Kernel), s
+        ins = [env[v] for v in s.inputs]
+        want = reference(s)(*ins)  # op by op, each result rounded to its type
+        try:
+            launch = compile_gpu_kernel(s, TARGET)
+        except Exception:  # no builder: the plan runs it as XLA ops
+            got = want
+        else:
+            got = run_kernel(launch, s, ins, poison=[poisoned_like(w) for w in want])
+            problems += differences(s, got, want, launch.schedule)
+        env.update(zip(s.outputs, got))
+    assert not problems, "\n".join(problems)

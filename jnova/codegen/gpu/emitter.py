@@ -76,6 +76,20 @@ class GpuEmitter(KernelEmitter):
     def empty(self, t: TensorType):
         return None  # a rule's destination tensor: nothing to allocate in registers
 
+    def bf16_to_f32(self, s: Scalar, x: str) -> str:
+        """bf16 -> f32 as bits (the 16 bits, shifted to the top of an f32), not `arith.extf`.
+
+        With `extf`, LLVM folds f32 math on widened bf16 values back into bf16 instructions
+        (`add.rn.bf16`, `setp.gt.bf16`; exact: f32 has more than 2 * 8 + 2 bits), and ptxas (CUDA 13.0,
+        V13.0.88, sm_90a) packs those into HADD2.BF16_V2 with a register allocation that overwrites a
+        live value: a kernel of a bf16 cummax gave a wrong element on an H200
+        (tests/difftest/findings.py). As bits, the math stays f32 and only `cvt.rn.bf16.f32` narrows.
+        """
+        bits = s.op(f"arith.bitcast {x} : bf16 to i16")
+        wide = s.op(f"arith.extui {bits} : i16 to i32")
+        top = s.op(f"arith.shli {wide}, {s.const(16, 'int32')} : i32")
+        return s.op(f"arith.bitcast {top} : i32 to f32")
+
 
 def flat_memref(t: TensorType) -> str:
     """Every array is passed as a flat memref; kernels compute row-major offsets themselves."""

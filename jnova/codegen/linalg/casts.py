@@ -22,8 +22,9 @@ def emit_cast(s, x: str, src: str, dst: str) -> str:
         return emit_cast(s, emit_cast(s, x, src, "float32"), "float32", dst)
     if src in FLOAT_DTYPES and dst in FLOAT_DTYPES:
         if bitwidth(src) == bitwidth(dst):  # f16 -> bf16 handled above; bf16 -> f16 through f32 (exact)
-            wide = s.op(f"arith.extf {x} : {es} to f32")
-            return s.op(f"arith.truncf {wide} : f32 to {ed}")
+            return s.op(f"arith.truncf {s.em.bf16_to_f32(s, x)} : f32 to {ed}")
+        if src == "bfloat16" and dst == "float32":
+            return s.em.bf16_to_f32(s, x)
         op = "arith.extf" if bitwidth(dst) > bitwidth(src) else "arith.truncf"
         return s.op(f"{op} {x} : {es} to {ed}")
     if src in FLOAT_DTYPES:  # float -> int: NaN -> 0, saturate at the integer range (as XLA does)
@@ -46,7 +47,9 @@ def _float_to_int(s, x: str, src: str, dst: str) -> str:
     import numpy as np
 
     es, ed = element(src), element(dst)
-    if src != "float32" and src != "float64":
+    if src == "bfloat16":
+        x, es, src = s.em.bf16_to_f32(s, x), "f32", "float32"
+    elif src != "float32" and src != "float64":
         x = s.op(f"arith.extf {x} : {es} to f32")
         es, src = "f32", "float32"
     info = np.iinfo(dst)

@@ -129,6 +129,10 @@ class KernelEmitter:
     def empty(self, t: TensorType) -> str:
         return self.op(f"tensor.empty() : {tensor(t)}")
 
+    def bf16_to_f32(self, s: "Scalar", x: str) -> str:
+        """`x` (a bf16 register) as f32, exactly; the GPU emitter spells it differently."""
+        return s.op(f"arith.extf {x} : bf16 to f32")
+
     def filled(self, t: TensorType, value) -> str:
         """A tensor of type `t` filled with the scalar `value`."""
         init = self.empty(t)

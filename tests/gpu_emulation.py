@@ -1,0 +1,204 @@
+"""GPU kernels run on the CPU, for tests without a GPU.
+
+`simulate` runs a generated `gpu.func` whose threads do not talk to each other (elementwise and
+index-remap kernels, reductions of one thread per row: no shuffles or barriers) as a host function
+that runs every thread of the grid in turn, compiled with MLIR's ExecutionEngine. The kernel's text is
+the one that becomes PTX; only `gpu.block_id`, `gpu.thread_id`, `gpu.grid_dim` and `gpu.block_dim` are
+replaced by the loops' indices and the launch's sizes. So the builders' index arithmetic (remaps,
+vector groups, tails, grid-stride loops) is checked on every CI run; what is not checked is the NVPTX
+backend and anything that needs threads running at once (ptxas assembles the PTX in other tests, and
+the GPU tests run the real thing).
+
+`check_plan_kernels` does this for every such kernel of a step's GPU plan, against the kernel's own
+ops run by `jax.lax` on the same random inputs.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jnova.capture.to_nova import to_nova
+from jnova.capture.trace import trace
+from jnova.codegen.gpu.compile import build_gpu_module
+from jnova.codegen.linalg.lowering import LoweringError
+from jnova.dialect.ops import ReduceOp
+from jnova.dialect.types import numpy_dtype
+from jnova.passes.canonicalize import canonicalize
+from jnova.passes.cse import cse
+from jnova.passes.dce import dce
+from jnova.passes.form_kernels import Kernel, kernels_from_fusion, split_contraction_epilogues
+from jnova.passes.fuse import fuse
+from jnova.primitives.nova_to_jax import evaluate_op
+
+SIM_PIPELINE = ("builtin.module(convert-scf-to-cf, convert-vector-to-llvm, expand-strided-metadata, lower-affine,"
+                "arith-expand, convert-math-to-llvm, convert-math-to-libm, finalize-memref-to-llvm,"
+                "convert-arith-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, convert-index-to-llvm,"
+                "reconcile-unrealized-casts)")
+THREADS_TALK = ("gpu.shuffle", "gpu.barrier", "nvvm.", "memref.atomic", "gpu.dynamic_shared_memory")
+
+
+def simulable(module) -> bool:
+    """Whether `module`'s threads are independent (so running them one after another is exact)."""
+    body = module.text.split(" kernel attributes ", 1)[1]
+    return not any(word in body for word in THREADS_TALK)
+
+
+def simulate(module, inputs, outputs) -> None:
+    """Run a gpu.module's kernel on the CPU, writing `outputs` (aligned arrays, see `aligned`) in place:
+    its body runs inside loops over the grid's blocks and the block's threads."""
+    from mlir import ir, passmanager
+    from mlir.execution_engine import ExecutionEngine
+    from mlir.runtime import get_ranked_memref_descriptor
+
+    assert module.grid[1:] == (1, 1) and module.block[1:] == (1, 1), (module.grid, module.block)
+    lines = module.text.splitlines()
+    head = next(i for i, line in enumerate(lines) if "gpu.func" in line)
+    params = re.search(r"gpu\.func @\w+\((.*)\)( workgroup\(.*\))? kernel", lines[head]).group(1)
+    body = "\n".join(lines[head + 1: lines.index("    gpu.return")])
+    body = (body.replace("gpu.block_id x", "arith.addi %sim_b, %sim_0 : index")
+                .replace("gpu.thread_id x", "arith.addi %sim_t, %sim_0 : index")
+                .replace("gpu.grid_dim x", f"arith.constant {module.grid[0]} : index")
+                .replace("gpu.block_dim x", f"arith.constant {module.block[0]} : index"))
+    text = "\n".join([
+        f"func.func @sim({params}) attributes {{llvm.emit_c_interface}} {{",
+        "%sim_0 = arith.constant 0 : index", "%sim_1 = arith.constant 1 : index",
+        f"%sim_g = arith.constant {module.grid[0]} : index", f"%sim_n = arith.constant {module.block[0]} : index",
+        "scf.for %sim_b = %sim_0 to %sim_g step %sim_1 {", "scf.for %sim_t = %sim_0 to %sim_n step %sim_1 {",
+        body, "}", "}", "return", "}"])
+    with ir.Context():
+        mlir_module = ir.Module.parse(text)
+        passmanager.PassManager.parse(SIM_PIPELINE).run(mlir_module.operation)
+        engine = ExecutionEngine(mlir_module, opt_level=0)
+    buffers = [aligned(np.asarray(x)) for x in inputs] + outputs
+    descriptors = [get_ranked_memref_descriptor(b.reshape(-1).view(f"u{b.dtype.itemsize}")) for b in buffers]
+    engine.invoke("sim", *[ctypes.pointer(ctypes.pointer(d)) for d in descriptors])
+
+
+def aligned(x: np.ndarray) -> np.ndarray:
+    """A 64-byte-aligned copy of `x` (the kernels' vector accesses assume 16-byte aligned buffers)."""
+    raw = np.empty(max(x.nbytes, 1) + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    out = raw[start: start + x.nbytes].view(x.dtype).reshape(x.shape)
+    out[...] = x
+    return out
+
+
+def poisoned_like(want: np.ndarray) -> np.ndarray:
+    """An output buffer differing from `want` in every element, so an unwritten element fails."""
+    if want.dtype == np.bool_:
+        return aligned(~want)
+    if np.issubdtype(want.dtype, np.integer):
+        return aligned(want + 1)
+    return aligned(np.where(np.isnan(want.astype(np.float32)), 0, np.nan).astype(want.dtype))
+
+
+# --------------------------------------------------------------------------- a step's GPU plan
+def gpu_plan(fn, *args):
+    """(the nova program, its GPU plan) of `fn` on `args`: one kernel per fusion group, contraction
+    epilogues split off, as `jnova.compile(..., backend="gpu")` forms them; every primitive must convert."""
+    program = to_nova(trace(fn, args, {}), fallback="error")
+    func = program.func
+    canonicalize(func)
+    cse(func)
+    dce(func, keep_sites={i for i, e in enumerate(program.sites) if e.effects})
+    return program, kernels_from_fusion(func, split_contraction_epilogues(fuse(func).groups))
+
+
+def random_inputs(kernel: Kernel, rng: np.random.Generator) -> list[np.ndarray]:
+    """Standard normal floats, integers in [-50, 50] (or the type's range), random bools."""
+    out = []
+    for v in kernel.inputs:
+        t, dtype = v.type, np.dtype(numpy_dtype(v.type.dtype))
+        if t.dtype == "bool":
+            out.append(rng.integers(0, 2, t.shape).astype(bool))
+        elif dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            out.append(rng.integers(max(int(info.min), -50), min(int(info.max), 50) + 1, t.shape).astype(dtype))
+        else:
+            out.append(np.asarray(rng.standard_normal(t.shape), dtype))
+    return out
+
+
+# error allowed where a kernel computes float math, relative to max(|value|, 1) (the inputs are of order 1,
+# so an expression that cancels, like 1 - tanh(x)**2, is measured at their scale): the CPU's libm and XLA's
+# own functions may differ by a few ulps, and one ulp of f32 can round a bf16 result to its neighbour. A
+# wrong index reads another random element, off by about 1.
+RTOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+
+
+def check_kernel(kernel: Kernel, target, rng: np.random.Generator) -> tuple[bool, list[str]]:
+    """(simulated, problems): simulate `kernel`'s GPU code on random inputs with poisoned outputs and
+    compare with its ops run by `jax.lax` (exact for data movement and integers); one line per output
+    that differs. Kernels without a builder, or whose threads talk to each other, are not simulated."""
+    try:
+        module = build_gpu_module(kernel, target)
+    except LoweringError:
+        return False, []
+    if not simulable(module):
+        return False, []
+    ins = random_inputs(kernel, rng)
+    want = [np.asarray(w) for w in reference(kernel)(*ins)]
+    outs = [poisoned_like(w) for w in want]
+    simulate(module, ins, outs)
+    return True, differences(kernel, outs, want, module.schedule)
+
+
+def differences(kernel: Kernel, got, want, schedule: str) -> list[str]:
+    """One line per output of `kernel` where `got` and `want` differ by more than float math allows."""
+    problems, widen = [], np.sqrt(_longest_reduction(kernel))
+    for i, (v, g, w) in enumerate(zip(kernel.outputs, got, want)):
+        g64, w64 = np.asarray(g).astype(np.float64), np.asarray(w).astype(np.float64)
+        close = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))
+        close |= np.abs(g64 - w64) <= RTOL.get(v.type.dtype, 0.0) * widen * np.maximum(np.abs(w64), 1.0)
+        if not close.all():
+            at = tuple(int(k) for k in np.argwhere(~close)[0])
+            problems.append(f"{kernel.name} out{i} {v.type} {schedule}: {int((~close).sum())} of {close.size} "
+                            f"differ, first at {at}: kernel {g64[at]!r}, jax.lax {w64[at]!r}")
+    return problems
+
+
+def reference(kernel: Kernel):
+    """`kernel`'s ops run one by one by jax.lax (each op's result rounded to its type: a jitted function
+    would let XLA keep bf16 intermediates in f32 inside its fusions), with sums of 16-bit floats
+    accumulated in f32 and rounded once, as jnova's kernels do (XLA's CPU backend would accumulate them
+    in their own type)."""
+    def run(*xs):
+        env = dict(zip(kernel.inputs, xs))
+        for op in kernel.ops:
+            args = [env[v] for v in op.operands]
+            if isinstance(op, ReduceOp) and op.attrs["kind"] == "sum" and args[0].dtype.itemsize == 2 \
+                    and args[0].dtype.kind != "i":
+                wide = jnp.sum(args[0].astype(np.float32), axis=tuple(op.attrs["dims"]))
+                results = [wide.astype(args[0].dtype)]
+            else:
+                results = evaluate_op(op, *args)
+            env.update(zip(op.results, results))
+        return [env[v] for v in kernel.outputs]
+
+    return run
+
+
+def _longest_reduction(kernel: Kernel) -> int:
+    """The most elements any reduction of `kernel` combines (1 if none): sequential and tree sums
+    differ by about sqrt(n) roundings."""
+    n = 1
+    for op in kernel.ops:
+        if isinstance(op, ReduceOp):
+            shape = op.operands[0].type.shape
+            n = max(n, int(np.prod([shape[d] for d in op.attrs["dims"]])))
+    return n
+
+
+def check_plan_kernels(fn, *args, target, seed: int = 0) -> tuple[int, list[str]]:
+    """(kernels simulated, problems) over every kernel of `fn`'s GPU plan."""
+    rng = np.random.default_rng(seed)
+    simulated, problems = 0, []
+    for kernel in gpu_plan(fn, *args)[1].kernels:
+        ran, found = check_kernel(kernel, target, rng)
+        simulated += ran
+        problems += found
+    return simulated, problems

@@ -8,7 +8,9 @@ One configuration per process (peak memory cannot be reset), so run it once per 
 `--dtype bfloat16` means f32 weights with bf16 contraction operands: jnova's mixed_precision="bf16",
 XLA's jax.default_matmul_precision("bfloat16"). Prints one JSON record per line (DESIGN.md's format)
 and appends them to $OUT/gpt2_step.jsonl when OUT is set. With a persistent cache directory set
-(JNOVA_CACHE_DIR), a second jnova process measures the warm compile.
+(JNOVA_CACHE_DIR), a second jnova process measures the warm compile; with --xla-cache, XLA's compile
+of the step around jnova's kernels is cached too (jnova.enable_xla_cache). XLA's own runs never use a
+compilation cache (their compile time is a cold compile).
 """
 from __future__ import annotations
 
@@ -29,6 +31,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "gpt2"
 import model as gpt2  # noqa: E402
 
 
+def setup(batch: int, seq: int, layers: int):
+    """GPT-2 (124M with 12 layers), AdamW, random tokens: (config, train step, its arguments)."""
+    config = gpt2.GPTConfig(n_layer=layers)
+    module, optimizer = gpt2.GPT(config), gpt2.make_optimizer()
+    params = gpt2.init_params(module, jax.random.key(0), seq)
+    state = optimizer.init(params)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (batch, seq + 1)), jnp.int32)
+    return config, gpt2.make_train_step(module, optimizer), (params, state, tokens[:, :-1], tokens[:, 1:])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=["jnova", "xla"], required=True)
@@ -38,21 +51,18 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--label", default="")
+    p.add_argument("--xla-cache", action="store_true",
+                   help="jnova: also cache XLA's compile of the step (jnova.enable_xla_cache)")
     args = p.parse_args()
 
-    config = gpt2.GPTConfig(n_layer=args.layers)
-    module, optimizer = gpt2.GPT(config), gpt2.make_optimizer()
-    params = gpt2.init_params(module, jax.random.key(0), args.seq)
-    state = optimizer.init(params)
-    rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (args.batch, args.seq + 1)), jnp.int32)
-    x, y = tokens[:, :-1], tokens[:, 1:]
-    step = gpt2.make_train_step(module, optimizer)
+    config, step, (params, state, x, y) = setup(args.batch, args.seq, args.layers)
 
     start = time.perf_counter()
     if args.impl == "jnova":
         import jnova
 
+        if args.xla_cache:
+            jnova.enable_xla_cache()
         compiled = jnova.compile(step, mixed_precision="bf16" if args.dtype == "bfloat16" else None)
         compiled.lower(params, state, x, y)
         run = compiled

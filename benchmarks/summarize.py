@@ -1,6 +1,6 @@
 """Summarize a GPU run (scripts/gpu_run.sh): test counts and failures, and jnova/XLA ratios.
 
-    python benchmarks/summarize.py OUT_DIR TESTS_EXIT_CODE     # writes OUT_DIR/gpu-summary.json
+    python benchmarks/summarize.py OUT_DIR EXIT_CODE     # writes OUT_DIR/gpu-summary.json
 """
 import json
 import os
@@ -8,9 +8,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 
-def tests(out_dir: str) -> dict:
+def tests(out_dir: str, name: str = "gpu-tests.xml") -> dict:
     try:
-        root = ET.parse(os.path.join(out_dir, "gpu-tests.xml")).getroot()
+        root = ET.parse(os.path.join(out_dir, name)).getroot()
     except (OSError, ET.ParseError) as e:
         return {"error": f"no JUnit report: {e}"}
     suite = root if root.tag == "testsuite" else root.find("testsuite")
@@ -21,6 +21,16 @@ def tests(out_dir: str) -> dict:
         if problem is not None:
             summary["failed"].append(f"{case.get('classname')}::{case.get('name')}: {problem.get('message', '')[:300]}")
     return summary
+
+
+def differential(out_dir: str) -> dict:
+    """Programs run, failed, kernels and XLA groups over the shards of the GPU differential test."""
+    path = os.path.join(out_dir, "differential.jsonl")
+    if not os.path.exists(path):
+        return {}
+    shards = [json.loads(line) for line in open(path) if line.strip()]
+    total = {k: sum(s[k] for s in shards) for k in ("programs", "failed", "kernels", "xla_groups")}
+    return {"shards": len(shards), **total, "junit": tests(out_dir, "differential.xml")}
 
 
 def records(out_dir: str) -> list[dict]:
@@ -50,7 +60,8 @@ def ratios(rows: list[dict]) -> dict:
 if __name__ == "__main__":
     out_dir, rc = sys.argv[1], int(sys.argv[2])
     rows = records(out_dir)
-    summary = {"tests_exit_code": rc, "tests": tests(out_dir), "jnova_over_xla": ratios(rows), "records": len(rows)}
+    summary = {"exit_code": rc, "tests": tests(out_dir), "differential": differential(out_dir),
+               "jnova_over_xla": ratios(rows), "records": len(rows)}
     with open(os.path.join(out_dir, "gpu-summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: v for k, v in summary.items()}, indent=1))

@@ -133,7 +133,7 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     meta = {"backend": backend, "plan": plan_json, "site_paths": program.site_paths,
             "fallbacks": program.fallbacks, "nova_ops": len(func.ops), "refused_fusions": fusion.refused,
             "xla_groups": compiled.xla_groups}
-    texts = {"jaxpr": str(captured.jaxpr), "nova": nova_text, **compiled.texts}
+    texts = {"jaxpr": captured.jaxpr_text, "nova": nova_text, **compiled.texts}
     if disk:
         disk.store(disk_key, {"meta.json": json.dumps(meta), "nova.mlir": nova_text, **compiled.files})
     with stage("jit"):                  # the step: kernel binds + fallback ops, planned by XLA
@@ -153,7 +153,7 @@ def capture_key(captured: Captured, options: Options, target_name: str) -> str:
     for c in map(np.asarray, captured.consts):
         digest = hashlib.sha256(c.tobytes()).hexdigest() if c.size <= MAX_INLINE_CONSTANT else ""
         consts.append(f"{c.dtype}{c.shape}{digest}")
-    return structural_hash(str(captured.jaxpr) + "\n".join(consts), [], options.hash_items(), target=target_name)
+    return structural_hash(captured.jaxpr_text + "\n".join(consts), [], options.hash_items(), target=target_name)
 
 
 def _restore(entry: dict, captured: Captured, key: str, donate, stage, times) -> Executable:
@@ -166,7 +166,7 @@ def _restore(entry: dict, captured: Captured, key: str, donate, stage, times) ->
     with stage("jit"):
         run = jax.jit(step_function(plan_json, sites, compiled.handles, large_constants(captured),
                                     captured.in_avals, captured.out_avals), donate_argnums=donate)
-    texts = {"jaxpr": str(captured.jaxpr), "nova": entry["nova.mlir"], **compiled.texts}
+    texts = {"jaxpr": captured.jaxpr_text, "nova": entry["nova.mlir"], **compiled.texts}
     log.info("jnova restored a compiled step from the persistent cache in %.2f s", sum(times.values()))
     return Executable(run, captured, meta, key, texts, times, "disk")
 

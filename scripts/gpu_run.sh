@@ -1,32 +1,53 @@
 #!/usr/bin/env bash
-# Every GPU test and the GPU benchmarks, in one call on the GPU machine, from the repo root:
-#   OUT=<results dir> bash scripts/gpu_run.sh
+# Every GPU test and the GPU benchmarks, on the GPU machine, from the repo root:
+#   OUT=<results dir> bash scripts/gpu_run.sh [tests] [differential] [bench]     (no argument: all three)
+# A device call runs at most 10 minutes, so the parts can go in separate calls (same $OUT layout).
 # Needs .gpu-pack/mlir-py312.tar.xz (bash ../shared/tools/pack-mlir-py312.sh .gpu-pack: the MLIR bindings
-# for the machine's Python 3.12). Writes under $OUT: gpu-tests.xml and gpu-tests.log (pytest -m gpu),
-# kernels.jsonl (benchmarks/kernels.py), gpt2_step.jsonl (benchmarks/gpt2_step.py, one process per
-# configuration, plus a second jnova process on the same cache for the warm compile), gpu-summary.json.
+# for the machine's Python 3.12). Writes under $OUT:
+#   tests:        gpu-tests.xml, gpu-tests.log (pytest -m gpu, all but the random programs; 4 workers)
+#   differential: differential.xml, differential.log, differential.jsonl (>= 1000 random programs, one
+#                 JSON line per shard: programs, kernels, XLA groups, failures, seconds; 15 workers)
+#   bench:        kernels.jsonl (benchmarks/kernels.py), gpt2_step.jsonl (benchmarks/gpt2_step.py, one process
+#                 per configuration, plus a second jnova process on the same caches: the warm compile)
+#   gpu-summary.json (benchmarks/summarize.py) after each part.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
+parts=${*:-tests differential bench}
 s=$(mktemp -d) && tar -xJf .gpu-pack/mlir-py312.tar.xz -C "$s" && export PYTHONPATH=$s:$PWD || exit 1
-export JAX_PLATFORMS=cuda PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin OUT
+export JAX_PLATFORMS=cuda PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin OUT XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JNOVA_SHA=${JNOVA_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export JNOVA_DIFF_PROFILE=${JNOVA_DIFF_PROFILE:-gpu}
+rc=0
 
-python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/gpu --junitxml="$OUT/gpu-tests.xml" \
-  > "$OUT/gpu-tests.log" 2>&1
-tests_rc=$?
-tail -25 "$OUT/gpu-tests.log"
+if [[ " $parts " == *" tests "* ]]; then
+  python3 -m pytest -m gpu -q -rfEs -n 4 -p no:cacheprovider tests/gpu -k "not random_programs" \
+    --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1 || rc=1
+  tail -15 "$OUT/gpu-tests.log"
+fi
 
-timeout 300 python3 benchmarks/kernels.py 2>&1 | grep -v Warning | tail -8
-export JNOVA_CACHE_DIR=$(mktemp -d)  # shared by the two jnova float32 runs: the second is the warm compile
-for dtype in float32 bfloat16; do
-  for impl in jnova xla; do
-    timeout 300 python3 benchmarks/gpt2_step.py --impl $impl --dtype $dtype > /dev/null 2>"$OUT/bench-$impl-$dtype.err" \
-      || { echo "gpt2_step $impl $dtype failed:"; tail -5 "$OUT/bench-$impl-$dtype.err"; }
+if [[ " $parts " == *" differential "* ]]; then
+  rm -f "$OUT/differential.jsonl"
+  JNOVA_DIFF_REPORT="$OUT/differential.jsonl" python3 -m pytest -m gpu -q -n 15 -p no:cacheprovider \
+    tests/gpu/test_gpu_differential.py -k random_programs --junitxml="$OUT/differential.xml" \
+    > "$OUT/differential.log" 2>&1 || rc=1
+  grep -E "passed|failed" "$OUT/differential.log" | tail -3
+fi
+
+if [[ " $parts " == *" bench "* ]]; then
+  timeout 300 python3 benchmarks/kernels.py 2>&1 | grep -v Warning | tail -8
+  # the jnova float32 runs share jnova's cache and, through jnova.enable_xla_cache, JAX's compilation
+  # cache: the first is the cold compile, the last (label "warm") a second process finding both
+  export JNOVA_CACHE_DIR=$(mktemp -d)
+  for dtype in float32 bfloat16; do
+    for impl in jnova xla; do
+      timeout 300 python3 benchmarks/gpt2_step.py --impl $impl --dtype $dtype --xla-cache > /dev/null \
+        2>"$OUT/bench-$impl-$dtype.err" || { echo "gpt2_step $impl $dtype failed:"; tail -5 "$OUT/bench-$impl-$dtype.err"; }
+    done
   done
-done
-timeout 300 python3 benchmarks/gpt2_step.py --impl jnova --dtype float32 --label warm > /dev/null 2>&1 \
-  || echo "gpt2_step warm failed"
-rm -f "$OUT"/bench-*.err
-python3 benchmarks/summarize.py "$OUT" "$tests_rc"
-exit "$tests_rc"
+  timeout 300 python3 benchmarks/gpt2_step.py --impl jnova --dtype float32 --xla-cache --label warm > /dev/null 2>&1 \
+    || echo "gpt2_step warm failed"
+  rm -f "$OUT"/bench-*.err
+fi
+
+python3 benchmarks/summarize.py "$OUT" "$rc"
+exit "$rc"

@@ -136,3 +136,36 @@ def test_entry_this_jnova_cannot_use_is_a_miss(tmp_path, monkeypatch):
         got = step(w, x)
     assert step.stats()[0]["cache_hit"] is None
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, jax.jit(_step)(w, x))
+
+
+XLA_CACHE_SCRIPT = textwrap.dedent("""
+    import json, os
+    import jax, jax.numpy as jnp, numpy as np
+    import jnova
+
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the test step compiles fast
+    folder = jnova.enable_xla_cache()
+    step = jnova.compile(lambda w, x: jax.value_and_grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w))
+    step(np.ones((4, 3), np.float32), np.ones((2, 4), np.float32))
+    jax.jit(lambda x: jnp.sin(x) * 2)(np.ones(3, np.float32))  # on the CPU jnova's kernels are host
+    # callbacks, which JAX does not cache; its GPU kernels are custom calls, which it does
+    print(json.dumps({"folder": folder, "configured": jax.config.jax_compilation_cache_dir,
+                      "files": len(os.listdir(folder)) if folder else 0}))
+""")
+
+
+def test_xla_compiles_are_cached_with_jnovas_cache(tmp_path):
+    """enable_xla_cache: JAX's compilation cache under <jnova cache>/xla, so a warm process skips XLA's
+    compile of the step too; a cache the user configured for JAX is left alone."""
+    env = dict(os.environ, JNOVA_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    run = subprocess.run([sys.executable, "-c", XLA_CACHE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["folder"] == result["configured"] == str(tmp_path / "xla") and result["files"] >= 1
+    theirs = tmp_path / "theirs"
+    env.update(JAX_COMPILATION_CACHE_DIR=str(theirs), JNOVA_CACHE_DIR=str(tmp_path / "jnova"))
+    run = subprocess.run([sys.executable, "-c", XLA_CACHE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1])["folder"] == str(theirs)
+    assert not (tmp_path / "jnova" / "xla").exists()

@@ -62,3 +62,37 @@ def test_gpt2_124m_step_for_h200_assembles_without_spills():
         registers.append(report.registers)
         assert report.spills == 0, report
     print(f"registers per kernel: min {min(registers)}, median {sorted(registers)[len(registers) // 2]}, max {max(registers)}")
+
+
+def test_each_layers_kernels_are_stored_and_lowered_once(monkeypatch, tmp_path):
+    """A kernel every layer launches is one entry of the persistent cache's launches.json and one
+    lowering (GPU kernel handles are equal by value); a process restoring the step from the cache
+    lowers it to the same HLO."""
+    import glob
+    import json
+
+    monkeypatch.setenv("JNOVA_CACHE_DIR", str(tmp_path))
+    step, params, state, ids = tiny.setup()
+    first = jnova.compile(step, target="h200").lower(params, state, ids)
+    (path,) = glob.glob(str(tmp_path / "*" / "*" / "launches.json"))
+    stored = json.loads(open(path).read())
+    stats = first.stats()
+    launched = stats["kernels"] - stats["xla_groups"]
+    assert len(stored["kernels"]) == launched
+    assert len(stored["launches"]) == first.as_text("ptx").count(".entry") < launched  # 2 identical layers
+    again = jnova.compile(step, target="h200").lower(params, state, ids)
+    assert again.stats()["cache_hit"] == "disk"
+    assert again.as_text("hlo") == first.as_text("hlo")
+
+
+def test_gpu_kernel_handles_are_equal_by_value():
+    from jnova.codegen.gpu.compile import GpuLaunch
+    from jnova.dialect.types import TensorType
+    from jnova.primitives.gpu_lowering import GpuKernelHandle
+
+    launch = GpuLaunch("k", ".entry k", (1, 1, 1), (32, 1, 1), 0, 90, "elementwise", "gpu.module")
+    f32 = [TensorType((4,), "float32")]
+    assert GpuKernelHandle(launch, f32) == GpuKernelHandle(launch, list(f32))
+    assert len({GpuKernelHandle(launch, f32), GpuKernelHandle(launch, f32)}) == 1
+    assert GpuKernelHandle(launch, f32) != GpuKernelHandle(launch, [TensorType((4,), "int32")])
+    assert GpuKernelHandle(launch, f32) != GpuKernelHandle(launch, f32, aliases=((0, 0),))

@@ -7,6 +7,7 @@ already in the graph, so forward, backward and optimizer update arrive as one ja
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 import jax
@@ -25,6 +26,12 @@ class Captured:
     out_tree: Any
     in_avals: list[Any]
     out_avals: list[Any]
+
+    @cached_property
+    def jaxpr_text(self) -> str:
+        """The jaxpr printed (the persistent cache's key and the "jaxpr" stage; printing a large step's
+        jaxpr takes a noticeable part of a warm compile, so it is printed once)."""
+        return str(self.jaxpr)
 
 
 def trace(fn: Callable, args: tuple, kwargs: dict) -> Captured:

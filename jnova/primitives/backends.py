@@ -93,7 +93,10 @@ def compile_gpu(plan: Plan, target, stage=lambda name: nullcontext()) -> Compile
                 launches[k.name] = result
     if xla_groups:
         log.info("jnova: %d of %d kernels have no GPU builder yet and run as XLA ops", len(xla_groups), len(plan.kernels))
-    files = {"launches.json": json.dumps({n: _launch_json(l) for n, l in launches.items()}),
+    distinct = list({id(l): l for l in launches.values()}.values())  # 12 layers: each kernel stored once
+    index = {id(l): i for i, l in enumerate(distinct)}
+    files = {"launches.json": json.dumps({"launches": [_launch_json(l) for l in distinct],
+                                          "kernels": {n: index[id(l)] for n, l in launches.items()}}),
              "xla_groups.mlir": "module {\n" + "\n".join(groups_text.values()) + "\n}\n",
              "xla_reasons.json": json.dumps(xla_groups)}
     return _gpu_handles(plan.kernels_json(), files)
@@ -108,9 +111,10 @@ def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
     from jnova.dialect.parse import parse_funcs
     from jnova.primitives.gpu_lowering import GpuKernelHandle
 
-    launches = {n: GpuLaunch(**{**d, "grid": tuple(d["grid"]), "block": tuple(d["block"]),
-                                "aliases": tuple(map(tuple, d.get("aliases", ())))})
-                for n, d in json.loads(files["launches.json"]).items()}
+    stored = json.loads(files["launches.json"])
+    distinct = [GpuLaunch(**{**d, "grid": tuple(d["grid"]), "block": tuple(d["block"]),
+                             "aliases": tuple(map(tuple, d.get("aliases", ())))}) for d in stored["launches"]]
+    launches = {name: distinct[i] for name, i in stored["kernels"].items()}
     groups = {f.name: f for f in parse_funcs(files["xla_groups.mlir"])} if "func.func" in files["xla_groups.mlir"] else {}
     handles = {}
     for step in kernel_steps:
@@ -120,11 +124,20 @@ def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
         else:
             f = groups[name]
             handles[name] = evaluate_ops(f.ops, f.args, f.returns)
-    distinct = list({l.ptx: l for l in launches.values()}.values())  # kernels compiled once, shown once
     texts = {"gpu": "\n".join(l.gpu_module for l in distinct),
              "ptx": "\n".join(l.ptx for l in distinct),
+             "launches": launch_table(distinct, launches),
              "xla_groups": files["xla_groups.mlir"]}
     return CompiledKernels(handles, texts, files, json.loads(files["xla_reasons.json"]))
+
+
+def launch_table(distinct, launches: dict) -> str:
+    """One line per distinct GPU kernel: PTX entry, launches per step, schedule, grid, block, shared memory."""
+    count: dict[int, int] = {}
+    for launch in launches.values():
+        count[id(launch)] = count.get(id(launch), 0) + 1
+    return "".join(f"{l.name} x{count[id(l)]} {l.schedule} grid={list(l.grid)} block={list(l.block)} "
+                   f"smem={l.shared_mem_bytes}\n" for l in distinct)
 
 
 def _launch_json(launch) -> dict:

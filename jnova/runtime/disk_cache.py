@@ -19,7 +19,7 @@ import warnings
 log = logging.getLogger("jnova.cache")
 
 MANIFEST = "manifest.json"
-FORMAT = 2  # bump when what an entry holds changes: older entries then miss
+FORMAT = 3  # bump when what an entry holds changes: older entries then miss
 
 
 def default_dir() -> str:
@@ -33,6 +33,30 @@ def cache_dir() -> str | None:
     if value is None:
         return default_dir()
     return None if value.strip().lower() in ("", "off", "0", "none") else value
+
+
+def enable_xla_cache() -> str | None:
+    """Cache XLA's compiles in the persistent cache too, through JAX's own compilation cache.
+
+    A warm `jnova.compile` skips the whole nova pipeline, but XLA still compiles the jitted step around
+    jnova's kernels (seconds for a GPT-2 step). JAX's persistent compilation cache keeps that compiled
+    executable (XLA's serialized form, nothing pickled); this points it at `<jnova cache>/xla` unless
+    JAX's cache is already configured (`jax_compilation_cache_dir`), which is then left as it is. It is
+    process-wide: every `jax.jit` of the process is cached there too. Returns JAX's cache folder (None
+    when jnova's cache is off and JAX's is not configured)."""
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir
+    if current:
+        return current
+    root = cache_dir()
+    if root is None:
+        return None
+    path = os.path.join(root, "xla")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    log.info("jnova: JAX's compilation cache is %s", path)
+    return path
 
 
 def _sha256(data: bytes) -> str:

@@ -1,0 +1,114 @@
+"""Where a GPT-2 training step's GPU time goes: jnova's kernels by family, or XLA's, from a profile.
+
+    python benchmarks/profile_step.py --impl jnova --dtype float32 [--batch 8 --seq 1024 --steps 3]
+
+Runs the step a few times under `jax.profiler.trace` (Perfetto trace), sums the GPU time of every
+kernel per step and prints the kernels that take the most, and (jnova) the total per kernel family
+(contraction, elementwise, row/column reduction, scatter-add, and XLA's ops for the groups jnova has no
+builder for), from the launch table of the compiled step (`.as_text("launches")`). Writes
+$OUT/profile-<impl>-<dtype>.json when OUT is set. A profile, not a benchmark: timings under the
+profiler are slightly longer than gpt2_step.py's.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpt2_step import setup  # noqa: E402
+
+
+def kernel_times(trace_dir: str) -> tuple[dict[str, float], dict[str, int], list[str]]:
+    """(GPU microseconds per kernel name, launches per name, the GPU threads seen) of a Perfetto trace."""
+    (path,) = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
+    events = json.load(gzip.open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    gpu = {pid for pid, name in processes.items() if "GPU" in name or "gpu" in name}
+    streams = {key for key, name in threads.items() if key[0] in gpu and "stream" in name.lower()}
+    times, counts = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams:
+            times[e["name"]] += float(e.get("dur", 0))
+            counts[e["name"]] += 1
+    if not streams:  # say what the trace has instead
+        print("no GPU stream threads; processes:", sorted(set(processes.values()))[:12],
+              "threads:", sorted(set(threads.values()))[:20])
+    return times, counts, sorted({threads[k] for k in streams})
+
+
+def families(launch_table: str) -> dict[str, str]:
+    """PTX entry name -> kernel family, from `.as_text("launches")`."""
+    out = {}
+    for line in launch_table.splitlines():
+        name, _, schedule = line.split(" ", 2)
+        out[name] = schedule.split("(", 1)[0]
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", choices=["jnova", "xla"], required=True)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--top", type=int, default=30)
+    args = p.parse_args()
+
+    config, step, batch = setup(args.batch, args.seq, args.layers)
+    family = {}
+    if args.impl == "jnova":
+        import jnova
+
+        run = jnova.compile(step, mixed_precision="bf16" if args.dtype == "bfloat16" else None)
+        lowered = run.lower(*batch)
+        family = families(lowered.as_text("launches")) if lowered.stats()["backend"] == "gpu" else {}
+    else:
+        precision = "bfloat16" if args.dtype == "bfloat16" else "tensorfloat32"
+        with jax.default_matmul_precision(precision):
+            run = jax.jit(step).lower(*batch).compile()
+    for _ in range(2):
+        jax.block_until_ready(run(*batch))
+    trace_dir = tempfile.mkdtemp()
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        for _ in range(args.steps):
+            jax.block_until_ready(run(*batch))
+    times, counts, streams = kernel_times(trace_dir)
+    total = sum(times.values()) / args.steps
+    rows = sorted(times.items(), key=lambda kv: -kv[1])
+    by_family = collections.Counter()
+    for name, t in times.items():
+        by_family[family.get(re.sub(r"\.\d+$", "", name), "xla" if args.impl == "jnova" else name.split(".")[0])] += t
+    print(f"{args.impl} {args.dtype}: {total / 1e3:.2f} ms of GPU kernels per step, {sum(counts.values()) // args.steps} "
+          f"launches, streams {streams}")
+    for name, t in by_family.most_common(12):
+        print(f"  {name:28s} {t / args.steps / 1e3:8.2f} ms  {100 * t / args.steps / total:5.1f}%")
+    for name, t in rows[:args.top]:
+        print(f"  {t / args.steps / 1e3:8.3f} ms  x{counts[name] // args.steps:<4d} {family.get(name, '')[:20]:20s} {name[:90]}")
+    record = {"impl": args.impl, "dtype": args.dtype, "case": f"B{args.batch}xT{args.seq}xL{args.layers}",
+              "device": jax.devices()[0].device_kind, "jax": jax.__version__, "gpu_ms_per_step": total / 1e3,
+              "launches_per_step": sum(counts.values()) // args.steps,
+              "by_family_ms": {k: v / args.steps / 1e3 for k, v in by_family.items()},
+              "top_kernels": [{"name": n, "ms": t / args.steps / 1e3, "launches": counts[n] // args.steps,
+                               "family": family.get(n, "")} for n, t in rows[:args.top]]}
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"profile-{args.impl}-{args.dtype}.json"), "w") as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,17 +14,8 @@ Rules (the Nova report, section 4.1), applied to a fixpoint:
 - ops without inputs (constants, iota) and the remaps that cost about one load per element (all of
   the above; a gather only where it reads whole rows of at least `MIN_GATHER_ROW` elements, an
   embedding lookup, so its index load is shared by a row) are copied into every group that reads
-  them; so are elementwise ops computed from constants and iota alone (at most `MAX_INDEX_OPS` of
-  them: a causal mask, a position pattern), which read no memory: recomputing them costs a few
-  instructions where a kernel of their own would write the array and every reader load it (GPT-2's
-  causal mask is 100 MB per layer at B=8, T=1024). They are a kernel of their own only where a reader
-  cannot take a copy (a matmul, an op that is a kernel of its own) or where they are returned;
-- producer duplication: an elementwise op with several readers, read at their own points, that reads
-  one array of its size (and smaller ones, such as a broadcast row maximum) through at most
-  `MAX_DUPLICATED_OPS` ops is copied into each reader too: each reader loads that one array instead
-  of one kernel writing the op's result and every reader loading it. The traffic goes from
-  1 + 1 + readers arrays to readers arrays; a softmax's masked scores and exp(x - max) are not
-  written (two and four passes over the attention scores per layer);
+  them; they are a kernel of their own only where a reader cannot take a copy (a matmul, an op that
+  is a kernel of its own) or where they are returned;
 - no fusion into a contraction's body: a matmul's operands come from other kernels (a transposed or
   sliced operand is left for the matmul's operand layout);
 - a contraction takes elementwise consumers over its output as its epilogue (bias, residual,
@@ -52,9 +43,6 @@ REMAP_NAMES = {"nova.broadcast", "nova.reshape", "nova.transpose", "nova.slice",
 # copied into each group that reads them: no inputs, or one load per element (gathers: see below)
 REMATERIALIZABLE = {"nova.constant", "nova.iota"} | REMAP_NAMES - {"nova.gather"}
 MIN_GATHER_ROW = 16  # a gather of whole rows at least this long is copied like a load
-MAX_INDEX_OPS = 32  # an op computed from constants and iota alone is copied if it takes at most this many
-MAX_DUPLICATED_OPS = 8  # ops (behind and including a duplicated op) each reader recomputes
-SMALL_INPUT = 16  # an input this many times smaller than the op (a broadcast row statistic) costs no pass
 # what a contraction's epilogue may read its other inputs through (the matmul builder's epilogue)
 EPILOGUE_COPIES = {"nova.constant", "nova.iota", "nova.broadcast", "nova.reshape"}
 SCALAR_NAMES = {"nova.select", "nova.convert", "nova.bitcast"}
@@ -128,9 +116,7 @@ class _Groups:
             for v in op.operands:
                 self.users.setdefault(v, set()).add(op)
         self.returned = set(func.returns)
-        copied = {op for op in func.ops if recomputable(op)} | _index_only(func)
-        copied |= _duplicable(func, self.users, copied, self.returned)
-        self.remat = {op for op in func.ops if op in copied and not self._materialized(op)}
+        self.remat = {op for op in func.ops if recomputable(op) and not self._materialized(op)}
         self.group: dict[Op, int] = {}
         self.members: dict[int, set[Op]] = {}
         self.kind: dict[int, str] = {}
@@ -269,63 +255,6 @@ def fuse(func: Func) -> Fusion:
     for reason in refused:
         log.debug("fuse: %s", reason)
     return Fusion(_with_copies(g), refused)
-
-
-def _index_only(func: Func) -> set[Op]:
-    """Elementwise ops and remaps computed from constants and iota alone, with at most `MAX_INDEX_OPS`
-    ops behind them (counted with repeats: a bound, not a count)."""
-    cost: dict[Op, int] = {}
-    for op in func.ops:
-        if op.name in ("nova.constant", "nova.iota"):
-            cost[op] = 1
-        elif op.operands and kind_of(op) == "elementwise" and op.name != "nova.gather" \
-                and all(v.owner in cost for v in op.operands):
-            total = 1 + sum(cost[v.owner] for v in op.operands)
-            if total <= MAX_INDEX_OPS:
-                cost[op] = total
-    return set(cost)
-
-
-def _duplicable(func: Func, users: dict, copied: set[Op], returned: set) -> set[Op]:
-    """The elementwise ops copied into each reader (fuse.py's docstring, producer duplication), in
-    program order: an op whose readers are elementwise ops or reductions (no matmul, no data movement:
-    they read it at their own points), that loads at most one array of its size, looking through the
-    ops copied already, with at most `MAX_DUPLICATED_OPS` ops recomputed; not the ops over a matmul's
-    result that no reduction reads, which can be that contraction's epilogue."""
-    behind: dict[Op, tuple[frozenset, int]] = {}  # op -> (arrays it loads, ops recomputed with it)
-    epilogue: set[Op] = set()  # ops over a matmul's result read by no reduction: its epilogue
-
-    def loads(value) -> tuple[frozenset, int]:
-        owner = value.owner
-        if owner in behind:
-            return behind[owner]
-        if owner is None or owner not in copied:
-            return frozenset([value]), 0
-        inputs, count = frozenset(), 0  # a constant, iota, mask or data movement: copied anyway
-        for v in owner.operands:
-            more, n = loads(v)
-            inputs, count = inputs | more, count + n
-        return inputs, count
-
-    for op in func.ops:
-        if op in copied or not (isinstance(op, ElementwiseOp) or op.name in SCALAR_NAMES) or not op.results:
-            continue
-        readers = [u for r in op.results for u in users.get(r, ())]
-        if all(u.name != "nova.reduce" for u in readers) and any(
-                v.owner is not None and (v.owner.name == "nova.matmul" or v.owner in epilogue) for v in op.operands):
-            epilogue.add(op)  # a contraction's epilogue (bias, residual, activation) joins the contraction
-            continue
-        if not readers or any(r in returned for r in op.results) or not all(
-                isinstance(u, ElementwiseOp) or u.name in SCALAR_NAMES or u.name == "nova.reduce" for u in readers):
-            continue
-        inputs, count = frozenset(), 1
-        for v in op.operands:
-            more, n = loads(v)
-            inputs, count = inputs | more, count + n
-        size = op.results[0].type.size
-        if sum(v.type.size * SMALL_INPUT > size for v in inputs) <= 1 and count <= MAX_DUPLICATED_OPS:
-            behind[op] = (inputs, count)
-    return set(behind)
 
 
 def _with_copies(g: _Groups) -> list[Group]:

@@ -42,14 +42,34 @@ def setup(batch: int, seq: int, layers: int):
     return config, gpt2.make_train_step(module, optimizer), (params, state, tokens[:, :-1], tokens[:, 1:])
 
 
-def main():
+def parser(steps: int) -> argparse.ArgumentParser:
+    """The options every GPT-2 step script takes (gpt2_step.py, profile_step.py)."""
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=["jnova", "xla"], required=True)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--steps", type=int, default=steps)
+    return p
+
+
+def compile_step(impl: str, dtype: str, step, batch):
+    """(the runnable step, jnova's CompiledStep or None): jnova with bf16 contraction operands for
+    dtype="bfloat16", or jax.jit under the matching default matmul precision (TF32 for f32)."""
+    if impl == "jnova":
+        import jnova
+
+        compiled = jnova.compile(step, mixed_precision="bf16" if dtype == "bfloat16" else None)
+        compiled.lower(*batch)
+        return compiled, compiled
+    precision = "bfloat16" if dtype == "bfloat16" else "tensorfloat32"
+    with jax.default_matmul_precision(precision):
+        return jax.jit(step).lower(*batch).compile(), None
+
+
+def main():
+    p = parser(steps=20)
     p.add_argument("--label", default="")
     p.add_argument("--xla-cache", action="store_true",
                    help="jnova: also cache XLA's compile of the step (jnova.enable_xla_cache)")
@@ -58,18 +78,11 @@ def main():
     config, step, (params, state, x, y) = setup(args.batch, args.seq, args.layers)
 
     start = time.perf_counter()
-    if args.impl == "jnova":
+    if args.impl == "jnova" and args.xla_cache:
         import jnova
 
-        if args.xla_cache:
-            jnova.enable_xla_cache()
-        compiled = jnova.compile(step, mixed_precision="bf16" if args.dtype == "bfloat16" else None)
-        compiled.lower(params, state, x, y)
-        run = compiled
-    else:
-        precision = "bfloat16" if args.dtype == "bfloat16" else "tensorfloat32"
-        with jax.default_matmul_precision(precision):
-            run = jax.jit(step).lower(params, state, x, y).compile()
+        jnova.enable_xla_cache()
+    run, compiled = compile_step(args.impl, args.dtype, step, (params, state, x, y))
     compile_s = time.perf_counter() - start
     first = run(params, state, x, y)
     jax.block_until_ready(first)

@@ -11,7 +11,6 @@ profiler are slightly longer than gpt2_step.py's.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import glob
 import gzip
@@ -25,7 +24,7 @@ from pathlib import Path
 import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpt2_step import setup  # noqa: E402
+from gpt2_step import compile_step, parser, setup  # noqa: E402
 
 
 def kernel_times(trace_dir: str) -> tuple[dict[str, float], dict[str, int], list[str]]:
@@ -59,28 +58,16 @@ def families(launch_table: str) -> dict[str, str]:
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--impl", choices=["jnova", "xla"], required=True)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--steps", type=int, default=3)
+    p = parser(steps=3)
     p.add_argument("--top", type=int, default=30)
     args = p.parse_args()
 
     config, step, batch = setup(args.batch, args.seq, args.layers)
+    run, compiled = compile_step(args.impl, args.dtype, step, batch)
     family = {}
-    if args.impl == "jnova":
-        import jnova
-
-        run = jnova.compile(step, mixed_precision="bf16" if args.dtype == "bfloat16" else None)
-        lowered = run.lower(*batch)
+    if compiled is not None:
+        lowered = compiled.lower(*batch)
         family = families(lowered.as_text("launches")) if lowered.stats()["backend"] == "gpu" else {}
-    else:
-        precision = "bfloat16" if args.dtype == "bfloat16" else "tensorfloat32"
-        with jax.default_matmul_precision(precision):
-            run = jax.jit(step).lower(*batch).compile()
     for _ in range(2):
         jax.block_until_ready(run(*batch))
     trace_dir = tempfile.mkdtemp()

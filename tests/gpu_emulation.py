@@ -17,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import re
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

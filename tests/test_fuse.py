@@ -10,7 +10,6 @@ from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
 from jnova.passes.fuse import fuse
-from jnova.passes.form_kernels import kernels_from_fusion
 
 
 def _fusion(fn, *args):

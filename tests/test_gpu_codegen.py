@@ -22,7 +22,7 @@ from jnova.passes.cse import cse
 from jnova.passes.dce import dce
 from jnova.passes.form_kernels import form_kernels
 from jnova.runtime.target import get_target
-from gpu_emulation import aligned, poisoned_like, simulate
+from gpu_emulation import poisoned_like, simulate
 
 requires_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas is not on PATH")
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32

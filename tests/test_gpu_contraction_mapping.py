@@ -1,5 +1,4 @@
 """Which nova.matmul ops the GPU contraction kernels take, and as which problem."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

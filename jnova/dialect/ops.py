@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from jnova.dialect.ir import Bool, Dense, F64, I64, I64Array, Op, Str
+from jnova.dialect.ir import Dense, F64, I64, I64Array, Op, Str
 from jnova.dialect.types import FLOAT_DTYPES, INTEGER_DTYPES, TensorType, bitwidth, numpy_dtype
 
 OPS: dict[str, type[Op]] = {}

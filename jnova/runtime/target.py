@@ -8,7 +8,7 @@ or `target.balance_point("bfloat16")` instead of branching on compute capability
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from jnova.codegen.gpu.emitter import (GpuEmitter, GpuModule, gpu_module_text, kernel_params, narrow_after_exchange,
                                        scalar_constant, widen_for_exchange)
-from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, unsupported_op, widest_vector
+from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, widest_vector
+from jnova.codegen.gpu.reduction import one_reduction_refusal, the_reduce
 from jnova.codegen.linalg.emitter import compute_dtype
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.codegen.linalg.rules_reduce import combine, reduce_init
@@ -57,32 +58,19 @@ class ColumnReductionSchedule:
 
 def column_reduction_refusal(kernel: Kernel) -> str | None:
     """Why `kernel` is not a column reduction, or None."""
-    reduces = [op for op in kernel.ops if isinstance(op, ReduceOp)]
-    if len(reduces) != 1:
-        return f"it has {len(reduces)} reductions, expected 1"
-    (reduce,) = reduces
-    rank, dims = reduce.operands[0].type.rank, tuple(reduce.attrs["dims"])
-    if not dims or dims != tuple(range(len(dims))) or len(dims) == rank:
-        return f"it reduces dims {dims} of a rank-{rank} value, not a proper prefix of them"
-    if reduce.operands[0].type.dtype == "bool":  # ptxas spills the loop-carried predicates (any_3d, 4 lanes)
-        return "it reduces bools (not supported yet: their accumulators spill)"
-    kept_shape = reduce.results[0].type.shape
-    for v in kernel.outputs:
-        if v.type.shape != kept_shape:
-            return f"output {v.type} does not have the kept shape {kept_shape}"
-    for op in kernel.ops:
-        reason = None if op is reduce else unsupported_op(op)
-        if reason:
-            return reason
-    return None
+    def dims_refusal(reduce: ReduceOp) -> str | None:
+        rank, dims = reduce.operands[0].type.rank, tuple(reduce.attrs["dims"])
+        if not dims or dims != tuple(range(len(dims))) or len(dims) == rank:
+            return f"it reduces dims {dims} of a rank-{rank} value, not a proper prefix of them"
+        if reduce.operands[0].type.dtype == "bool":  # ptxas spills the loop-carried predicates (any_3d, 4 lanes)
+            return "it reduces bools (not supported yet: their accumulators spill)"
+        return None
 
-
-def _the_reduce(kernel: Kernel) -> ReduceOp:
-    return next(op for op in kernel.ops if isinstance(op, ReduceOp))
+    return one_reduction_refusal(kernel, dims_refusal, "kept")
 
 
 def choose_column_reduction_schedule(kernel: Kernel, target: Target) -> ColumnReductionSchedule:
-    reduce = _the_reduce(kernel)
+    reduce = the_reduce(kernel)
     x = reduce.operands[0].type
     reduced = len(reduce.attrs["dims"])
     rows, cols = math.prod(x.shape[:reduced]), math.prod(x.shape[reduced:])
@@ -110,7 +98,7 @@ def build_column_reduction(kernel: Kernel, target: Target,
     if reason:
         raise LoweringError(f"{kernel.name} is not a column reduction: {reason}")
     sched = sched or choose_column_reduction_schedule(kernel, target)
-    reduce = _the_reduce(kernel)
+    reduce = the_reduce(kernel)
     kind, x = reduce.attrs["kind"], reduce.operands[0]
     acc_dtype = compute_dtype(x.type.dtype)
     params, memrefs, outs = kernel_params(kernel.inputs, kernel.outputs)

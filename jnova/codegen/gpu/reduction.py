@@ -46,17 +46,29 @@ class RowReductionSchedule:
 
 def row_reduction_refusal(kernel: Kernel) -> str | None:
     """Why `kernel` is not a row reduction, or None."""
+    def dims_refusal(reduce: ReduceOp) -> str | None:
+        rank, dims = reduce.operands[0].type.rank, tuple(reduce.attrs["dims"])
+        if dims != tuple(range(rank - len(dims), rank)):
+            return f"it reduces dims {dims} of a rank-{rank} value, not the innermost ones"
+        return None
+
+    return one_reduction_refusal(kernel, dims_refusal, "row")
+
+
+def one_reduction_refusal(kernel: Kernel, dims_refusal, shape_name: str) -> str | None:
+    """What both reduction kernels require: one `nova.reduce` whose dims `dims_refusal` accepts, every
+    output of its result's (`shape_name`) shape, and every other op computable in registers."""
     reduces = [op for op in kernel.ops if isinstance(op, ReduceOp)]
     if len(reduces) != 1:
         return f"it has {len(reduces)} reductions, expected 1"
     (reduce,) = reduces
-    rank, dims = reduce.operands[0].type.rank, tuple(reduce.attrs["dims"])
-    if dims != tuple(range(rank - len(dims), rank)):
-        return f"it reduces dims {dims} of a rank-{rank} value, not the innermost ones"
-    row_shape = reduce.results[0].type.shape
+    reason = dims_refusal(reduce)
+    if reason:
+        return reason
+    shape = reduce.results[0].type.shape
     for v in kernel.outputs:
-        if v.type.shape != row_shape:
-            return f"output {v.type} does not have the row shape {row_shape}"
+        if v.type.shape != shape:
+            return f"output {v.type} does not have the {shape_name} shape {shape}"
     for op in kernel.ops:
         reason = None if op is reduce else unsupported_op(op)
         if reason:
@@ -64,12 +76,12 @@ def row_reduction_refusal(kernel: Kernel) -> str | None:
     return None
 
 
-def _the_reduce(kernel: Kernel) -> ReduceOp:
+def the_reduce(kernel: Kernel) -> ReduceOp:
     return next(op for op in kernel.ops if isinstance(op, ReduceOp))
 
 
 def choose_row_reduction_schedule(kernel: Kernel, target: Target) -> RowReductionSchedule:
-    reduce = _the_reduce(kernel)
+    reduce = the_reduce(kernel)
     x, row = reduce.operands[0].type, reduce.results[0].type
     cols = math.prod(x.shape[d] for d in reduce.attrs["dims"])
     # vector groups never cross rows: they divide the row, and the last dim too unless every read is
@@ -88,7 +100,7 @@ def build_row_reduction(kernel: Kernel, target: Target) -> GpuModule:
     if reason:
         raise LoweringError(f"{kernel.name} is not a row reduction: {reason}")
     sched = choose_row_reduction_schedule(kernel, target)
-    reduce = _the_reduce(kernel)
+    reduce = the_reduce(kernel)
     kind, x = reduce.attrs["kind"], reduce.operands[0]
     acc_dtype = compute_dtype(x.type.dtype)
     params, memrefs, outs = kernel_params(kernel.inputs, kernel.outputs)

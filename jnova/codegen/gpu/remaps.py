@@ -129,7 +129,7 @@ def _pad(ev, op, p):
 
 
 def _concatenate(ev, op, p):
-    em, dim, out = ev.em, op.attrs["dim"], op.results[0].type
+    dim, out = op.attrs["dim"], op.results[0].type
     pieces, first = [], 0  # (operand, its first index along dim)
     for v in op.operands:
         if v.type.shape[dim]:

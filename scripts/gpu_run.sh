@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and the GPU benchmarks, on the GPU machine, from the repo root:
-#   OUT=<results dir> bash scripts/gpu_run.sh [tests] [differential] [bench]     (no argument: all three)
-# A device call runs at most 10 minutes, so the parts can go in separate calls (same $OUT layout).
+#   OUT=<results dir> bash scripts/gpu_run.sh [tests] [differential] [bench] [profile]
+# (no argument: the first three)
+# A device call runs at most 10 minutes, so the parts can go in separate calls (same $OUT layout). Set
+# JNOVA_SHA=<commit> for the records: a copied tree's git metadata may name an older commit.
 # Needs .gpu-pack/mlir-py312.tar.xz (bash ../shared/tools/pack-mlir-py312.sh .gpu-pack: the MLIR bindings
 # for the machine's Python 3.12). Writes under $OUT:
 #   tests:        gpu-tests.xml, gpu-tests.log (pytest -m gpu, all but the random programs; 4 workers)
@@ -9,6 +11,7 @@
 #                 JSON line per shard: programs, kernels, XLA groups, failures, seconds; 15 workers)
 #   bench:        kernels.jsonl (benchmarks/kernels.py), gpt2_step.jsonl (benchmarks/gpt2_step.py, one process
 #                 per configuration, plus a second jnova process on the same caches: the warm compile)
+#   profile:      profile-{jnova,xla}-float32.json (benchmarks/profile_step.py: GPU time per kernel family)
 #   gpu-summary.json (benchmarks/summarize.py) after each part.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -31,6 +34,12 @@ if [[ " $parts " == *" differential "* ]]; then
     tests/gpu/test_gpu_differential.py -k random_programs --junitxml="$OUT/differential.xml" \
     > "$OUT/differential.log" 2>&1 || rc=1
   grep -E "passed|failed" "$OUT/differential.log" | tail -3
+fi
+
+if [[ " $parts " == *" profile "* ]]; then
+  for impl in jnova xla; do
+    timeout 200 python3 benchmarks/profile_step.py --impl $impl --dtype float32 2>&1 | grep -v -i warning | head -16
+  done
 fi
 
 if [[ " $parts " == *" bench "* ]]; then

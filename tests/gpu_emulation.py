@@ -95,6 +95,15 @@ def poisoned_like(want: np.ndarray) -> np.ndarray:
     return aligned(np.where(np.isnan(want.astype(np.float32)), 0, np.nan).astype(want.dtype))
 
 
+def assert_outputs_close(got, want, rtol: float, atol: float, err_msg: str = "") -> None:
+    """Simulated outputs against expected arrays (bf16 compared as f32)."""
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        if w.dtype == jnp.bfloat16:
+            g, w = g.astype(np.float32), w.astype(np.float32)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=err_msg)
+
+
 # --------------------------------------------------------------------------- a step's GPU plan
 def gpu_plan(fn, *args):
     """(the nova program, its GPU plan) of `fn` on `args`: one kernel per fusion group, contraction

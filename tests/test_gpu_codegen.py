@@ -22,7 +22,7 @@ from jnova.passes.cse import cse
 from jnova.passes.dce import dce
 from jnova.passes.form_kernels import form_kernels
 from jnova.runtime.target import get_target
-from gpu_emulation import poisoned_like, simulate
+from gpu_emulation import assert_outputs_close, poisoned_like, simulate
 
 requires_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas is not on PATH")
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
@@ -89,13 +89,19 @@ def case_kernel(name):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_ptx_assembles_without_spills(name, target):
     _, _, kernel, _ = case_kernel(name)
+    assert_assembles_without_spills(kernel, target, name)
+
+
+def assert_assembles_without_spills(kernel, target: str, label: str, max_registers: int = 64):
+    """The kernel's PTX for `target`, assembled by ptxas: no spills, no stack frame, few registers."""
     t = get_target(target)
     launch = compile_gpu_kernel(kernel, t)
     report = assemble_check(launch.ptx, t.arch)
-    print(f"{name}: {launch.schedule}: {report}")
+    print(f"{label}: {launch.schedule}: {report}")
     assert f".target {t.arch}" in launch.ptx and f".entry {kernel.name}(" in launch.ptx
     assert report.spills == 0 and report.stack_frame == 0, report.log
-    assert report.registers <= 64, report.log
+    assert report.registers <= max_registers, report.log
+    return launch
 
 
 def test_16_byte_accesses_where_the_shapes_allow():
@@ -170,11 +176,7 @@ def test_kernel_simulated_on_cpu_matches_jnp(name):
     want = jax.tree.leaves(jax.jit(fn)(*args))
     outs = [poisoned_like(np.asarray(w)) for w in want]
     simulate(module, inputs, outs)
-    for got, w in zip(outs, want):
-        w = np.asarray(w)
-        if w.dtype == jnp.bfloat16:
-            got, w = got.astype(np.float32), w.astype(np.float32)
-        np.testing.assert_allclose(got, w, rtol=2e-2 if name.startswith("bf16") else 2e-6, atol=1e-6)
+    assert_outputs_close(outs, want, rtol=2e-2 if name.startswith("bf16") else 2e-6, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- re-entry into JAX

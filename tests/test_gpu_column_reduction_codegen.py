@@ -13,10 +13,9 @@ import pytest
 
 from jnova.codegen.gpu.column_reduction import column_reduction_refusal
 from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
-from jnova.codegen.gpu.ptx import assemble_check
 from jnova.runtime.target import get_target
-from gpu_emulation import aligned, poisoned_like, simulate
-from test_gpu_codegen import kernel_of, rand, requires_ptxas
+from gpu_emulation import aligned, assert_outputs_close, poisoned_like, simulate
+from test_gpu_codegen import assert_assembles_without_spills, kernel_of, rand, requires_ptxas
 
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
 
@@ -60,13 +59,8 @@ def test_only_leading_dims_are_column_reductions():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_ptx_assembles_without_spills(name):
     _, _, kernel, _ = case_kernel(name)
-    target = get_target("h200")
-    launch = compile_gpu_kernel(kernel, target)
-    report = assemble_check(launch.ptx, target.arch)
-    print(f"{name}: {launch.schedule}: {report}")
+    launch = assert_assembles_without_spills(kernel, "h200", name)
     assert launch.schedule.startswith("column_reduction(")
-    assert report.spills == 0 and report.stack_frame == 0, report.log
-    assert report.registers <= 64, report.log
 
 
 def test_schedule_reads_16_bytes_and_spreads_columns_over_blocks():
@@ -101,11 +95,7 @@ def test_kernel_simulated_on_cpu_matches_jit(name):
         want = [np.max(np.asarray(args[0]), axis=0)]
     outs = [poisoned_like(np.asarray(w)) for w in want]
     simulate_with_shared_memory(module, inputs, outs)
-    for got, w in zip(outs, want):
-        w = np.asarray(w)
-        if w.dtype == jnp.bfloat16:
-            got, w = got.astype(np.float32), w.astype(np.float32)
-        rtol = 2e-2 if "bf16" in name else 1e-5
-        np.testing.assert_allclose(got, w, rtol=rtol, atol=1e-3 if "bf16" in name else 1e-4)
+    bf16 = "bf16" in name
+    assert_outputs_close(outs, want, rtol=2e-2 if bf16 else 1e-5, atol=1e-3 if bf16 else 1e-4)
     if name == "max_nan":
         assert np.isnan(outs[0]).sum() == np.isnan(np.asarray(want[0])).sum() > 0

@@ -9,10 +9,9 @@ import pytest
 from jax import lax
 
 from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
-from jnova.codegen.gpu.ptx import assemble_check
 from jnova.runtime.target import get_target
-from gpu_emulation import aligned, poisoned_like, simulate
-from test_gpu_codegen import kernel_of, rand, requires_ptxas
+from gpu_emulation import aligned, assert_outputs_close, poisoned_like, simulate
+from test_gpu_codegen import assert_assembles_without_spills, kernel_of, rand, requires_ptxas
 
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
 
@@ -91,12 +90,7 @@ def case_kernel(name):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_ptx_assembles_without_spills(name, target):
     _, _, kernel, _ = case_kernel(name)
-    t = get_target(target)
-    launch = compile_gpu_kernel(kernel, t)
-    report = assemble_check(launch.ptx, t.arch)
-    print(f"{name}: {launch.schedule}: {report}")
-    assert report.spills == 0 and report.stack_frame == 0, report.log
-    assert report.registers <= 64, report.log
+    assert_assembles_without_spills(kernel, target, name)
 
 
 @pytest.mark.parametrize("name", sorted(REMAPS))
@@ -106,10 +100,7 @@ def test_remap_kernel_simulated_on_cpu_matches_jnp(name):
     want = [np.asarray(w) for w in jax.tree.leaves(jax.jit(fn)(*args))]
     outs = [poisoned_like(w) for w in want]
     simulate(module, inputs, outs)
-    for got, w in zip(outs, want):
-        if w.dtype == jnp.bfloat16:
-            got, w = got.astype(np.float32), w.astype(np.float32)
-        np.testing.assert_allclose(got, w, rtol=1e-2 if "bf16" in name else 2e-6, atol=1e-6, err_msg=module.schedule)
+    assert_outputs_close(outs, want, rtol=1e-2 if "bf16" in name else 2e-6, atol=1e-6, err_msg=module.schedule)
 
 
 @pytest.mark.parametrize("name", sorted(SCATTERS))

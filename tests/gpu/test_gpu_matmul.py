@@ -15,28 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from test_gpu_kernels import TARGET  # skips this module without a GPU; registers the CUDA lowering
+
+from jnova.codegen.gpu.matmul import GpuKernel, MatmulEpilogue, build_matmul
+from jnova.dialect.types import TensorType
+from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles
+from jnova.primitives.gpu_lowering import GpuKernelHandle
+from jnova.primitives.nova_kernel import nova_kernel_p
+
 pytestmark = pytest.mark.gpu
-
-
-def _has_gpu() -> bool:
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
-
-
-if not _has_gpu():
-    pytest.skip("no GPU visible to JAX", allow_module_level=True)
-
-from jnova.codegen.gpu.matmul import GpuKernel, MatmulEpilogue, build_matmul  # noqa: E402
-from jnova.dialect.types import TensorType  # noqa: E402
-from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles  # noqa: E402
-from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering  # noqa: E402
-from jnova.primitives.nova_kernel import nova_kernel_p  # noqa: E402
-from jnova.runtime.target import get_target  # noqa: E402
-
-register_gpu_lowering()
-TARGET = get_target(os.environ.get("JNOVA_TEST_TARGET", "h200"))
 TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-2}  # relative error in norm: TF32 rounding; bf16 inputs
 BOTH = MatmulEpilogue(bias="float32", residual="float32")
 

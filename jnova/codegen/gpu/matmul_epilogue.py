@@ -1,4 +1,5 @@
-"""What both contraction main loops share: the emission context, and the register epilogue.
+"""What both contraction main loops share: the emission context, the cp.async copies of k-tiles into
+the stage ring, and the register epilogue.
 
 A main loop hands back its accumulators as `Fragment`s (two horizontally adjacent values of C and
 where they go); `store_fragments` adds the bias (per column) and the residual (per element) in
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jnova.codegen.gpu.emitter import GpuEmitter
-from jnova.codegen.gpu.matmul_smem import OperandTile, ix_add
+from jnova.codegen.gpu.matmul_smem import OperandTile, TileCopier, ix_add
 from jnova.passes.configure_tiles import ContractionProblem, TileConfig
 
 ELEMENT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -60,6 +61,25 @@ class Fragment:
     row: tuple[str, int]
     col: tuple[str, int]
     values: tuple[str, str]
+
+
+def copy_tile(ctx: Context, copiers: list[TileCopier], kt: str) -> None:
+    """Copy k-tile `kt` of A and B into stage kt % stages, as one cp.async group."""
+    em = ctx.em
+    stage = em.op(f"arith.remui {kt}, {em.index(ctx.config.stages)} : index")
+    for c in copiers:
+        c.issue(em, kt, em.op(f"arith.muli {stage}, {em.index(c.tile.mn * c.tile.bk)} : index"))
+    em.line("nvvm.cp.async.commit.group")
+
+
+def copy_ahead(ctx: Context, copiers: list[TileCopier], ahead: int, k_tiles: int) -> None:
+    """The pipeline's prologue: k-tiles 0 .. ahead - 1, always `ahead` groups (empty ones past the last
+    tile), since the main loop's waits count groups."""
+    for t in range(ahead):
+        if t < k_tiles:
+            copy_tile(ctx, copiers, ctx.em.index(t))
+        else:
+            ctx.em.line("nvvm.cp.async.commit.group")
 
 
 def store_fragments(ctx: Context, epilogue: MatmulEpilogue, fragments: list[Fragment]) -> None:

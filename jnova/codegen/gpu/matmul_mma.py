@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jnova.codegen.gpu.matmul_epilogue import Context, Fragment
+from jnova.codegen.gpu.matmul_epilogue import Context, Fragment, copy_ahead, copy_tile
 from jnova.codegen.gpu.matmul_smem import TileCopier, ix_add, ix_op
 from jnova.codegen.linalg.lowering import LoweringError
 
@@ -85,11 +85,7 @@ def main_loop(ctx: Context) -> list[Fragment]:
     a_reads = _fragment_offsets(ctx, ctx.a, m_base, lane, mt, "a")
     b_reads = _fragment_offsets(ctx, ctx.b, n_base, lane, nt, "b")
 
-    for t in range(ahead):  # always `ahead` groups, empty past the last tile: the waits count groups
-        if t < k_tiles:
-            _copy_tile(ctx, copiers, em.index(t))
-        else:
-            em.line("nvvm.cp.async.commit.group")
+    copy_ahead(ctx, copiers, ahead, k_tiles)
     zero = em.op(f"arith.constant dense<0.0> : {ACC}")
     kt, accs = em.fresh("kt"), [em.fresh("acc") for _ in range(mt * nt)]
     result = em.fresh("accs")
@@ -98,7 +94,7 @@ def main_loop(ctx: Context) -> list[Fragment]:
                    f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({types}) {{"):
         em.line(f"nvvm.cp.async.wait.group {ahead - 1}")
         em.line("gpu.barrier")
-        _copy_tile(ctx, copiers, em.op(f"arith.addi {kt}, {em.index(ahead)} : index"))
+        copy_tile(ctx, copiers, em.op(f"arith.addi {kt}, {em.index(ahead)} : index"))
         stage = em.op(f"arith.remui {kt}, {em.index(cfg.stages)} : index")
         a_stage = em.op(f"arith.muli {stage}, {em.index(ctx.a.mn * ctx.a.bk)} : index")
         b_stage = em.op(f"arith.muli {stage}, {em.index(ctx.b.mn * ctx.b.bk)} : index")
@@ -114,14 +110,6 @@ def main_loop(ctx: Context) -> list[Fragment]:
         em.line(f"scf.yield {', '.join(new)} : {types}")
     em.line("nvvm.cp.async.wait.group 0")  # copies past the last tile must land before the block exits
     return _fragments(ctx, [f"{result}#{i}" for i in range(len(accs))], m_base, n_base, lane, mt, nt)
-
-
-def _copy_tile(ctx: Context, copiers: list[TileCopier], kt: str) -> None:
-    em = ctx.em
-    stage = em.op(f"arith.remui {kt}, {em.index(ctx.config.stages)} : index")
-    for c in copiers:
-        c.issue(em, kt, em.op(f"arith.muli {stage}, {em.index(c.tile.mn * c.tile.bk)} : index"))
-    em.line("nvvm.cp.async.commit.group")
 
 
 def _fragment_offsets(ctx: Context, tile, base: str, lane: str, tiles: int, operand: str) -> list:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from jnova.codegen.gpu.matmul_epilogue import Context, Fragment
+from jnova.codegen.gpu.matmul_epilogue import Context, Fragment, copy_ahead, copy_tile
 from jnova.codegen.gpu.matmul_smem import PANEL_BYTES, TileCopier, ix_add, ix_op
 from jnova.codegen.linalg.lowering import LoweringError
 
@@ -84,11 +84,7 @@ def main_loop(ctx: Context) -> list[Fragment]:
     wg_n = em.op(f"arith.remui {wg}, {em.index(groups_n)} : index")
     desc_a, desc_b = _descriptor_bases(ctx, wg_m, wg_n, tm, tn)
 
-    for t in range(ahead):  # always `ahead` groups, empty past the last tile: the waits count groups
-        if t < k_tiles:
-            _copy_tile(ctx, copiers, em.index(t))
-        else:
-            em.line("nvvm.cp.async.commit.group")
+    copy_ahead(ctx, copiers, ahead, k_tiles)
     zero = em.op(f"llvm.mlir.zero : {acc_type}")
     kt, accs = em.fresh("kt"), [em.fresh("acc") for _ in range(reps)]
     result = em.fresh("accs")
@@ -101,9 +97,9 @@ def main_loop(ctx: Context) -> list[Fragment]:
         em.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
         em.line("gpu.barrier")
         if ahead:
-            _copy_tile(ctx, copiers, em.op(f"arith.addi {kt}, {em.index(ahead)} : index"))
+            copy_tile(ctx, copiers, em.op(f"arith.addi {kt}, {em.index(ahead)} : index"))
         else:  # two stages: copy this tile now, wait for it
-            _copy_tile(ctx, copiers, kt)
+            copy_tile(ctx, copiers, kt)
             em.line("nvvm.cp.async.wait.group 0")
             em.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
             em.line("gpu.barrier")
@@ -150,15 +146,6 @@ def _copiers(ctx: Context) -> list[TileCopier]:
         copiers.append(TileCopier(tile, ctx.threads, src, src_type, ring, tile.memref(ctx.config.stages),
                                   batch_offset, mn0))
     return copiers
-
-
-def _copy_tile(ctx: Context, copiers: list[TileCopier], kt: str) -> None:
-    """Copy k-tile `kt` of A and B into stage kt % stages, as one cp.async group."""
-    em = ctx.em
-    stage = em.op(f"arith.remui {kt}, {em.index(ctx.config.stages)} : index")
-    for c in copiers:
-        c.issue(em, kt, em.op(f"arith.muli {stage}, {em.index(c.tile.mn * c.tile.bk)} : index"))
-    em.line("nvvm.cp.async.commit.group")
 
 
 def _descriptor_bases(ctx: Context, wg_m: str, wg_n: str, tm: int, tn: int) -> tuple[str, str]:

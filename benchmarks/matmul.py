@@ -43,9 +43,11 @@ SHAPES = [(512, 512, 512), (1024, 1024, 1024), (5120, 5120, 5120), (16384, 3072,
 GPT2 = [(16384, 3072, 768), (16384, 768, 3072), (16384, 50304, 768), (16384, 768, 50304), (4096, 768, 50304),
         (4096, 768, 3072)]
 VARIANTS = {  # other schedules than the configurator's, to see where its choice stands
-    "float32": ["block=128x256x32 warps=2x4 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128",
-                "block=128x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128",  # 2 blocks / SM
-                "block=256x128x32 warps=4x2 stages=4 mma=mma_sync_tf32_16x8x8 swizzle=128"],
+    "float32": ["block=128x128x32 warps=2x4 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128",  # before sm_90
+                "block=128x256x32 warps=8x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128",
+                "block=256x128x32 warps=8x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128",
+                "block=128x128x32 warps=8x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128",
+                "block=128x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128"],
     "bfloat16": ["block=128x128x64 warps=4x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128",  # 2 blocks / SM
                  "block=128x128x64 warps=4x1 stages=2 mma=wgmma_bf16_m64nNk16 swizzle=128",  # 3 blocks / SM
                  "block=128x256x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
@@ -157,6 +159,28 @@ def mainloop_only(target, shapes, dtypes, notes: list) -> None:
             notes.append(line)
 
 
+def accuracy(target, base: dict, m: int = 1024, n: int = 1024, k: int = 1024) -> list[dict]:
+    """Relative error in norm against float64 NumPy of jnova's kernel and of XLA, per dtype, on one
+    shape: how each rounds its operands (TF32 rounding or truncation) shows here."""
+    import numpy as np
+
+    records = []
+    for dtype in ("float32", "bfloat16"):
+        problem = ContractionProblem(m, n, k, operand_dtype=dtype)
+        ka, kb = jax.random.split(jax.random.PRNGKey(11))
+        a = jax.random.normal(ka, (m, k), jnp.dtype(dtype))
+        b = jax.random.normal(kb, (k, n), jnp.dtype(dtype))
+        want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+        kernel = build_matmul(problem, choose_tiles(problem, target), target)
+        for impl, fn in (("jnova", jnova_call(kernel, problem)), ("xla", xla_call(dtype))):
+            got = np.asarray(fn(a, b), np.float64)
+            err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+            print(f"accuracy {dtype} {m}x{n}x{k} {impl}: relative error vs float64 {err:.2e}")
+            records.append({**base, "case": f"{m}x{n}x{k}", "dtype": dtype, "impl": impl,
+                            "metric": "rel_err_vs_f64", "value": err})
+    return records
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="float32,bfloat16")
@@ -228,6 +252,7 @@ def main(argv=None) -> int:
         ratio = f"{t_xla / t:6.2f}" if t else f"{'-':>6}"
         print(f"{case:>18} {dtype:>9} {impl:>13} {ours} {flops / t_xla / 1e12:9.1f} {ratio} "
               f"{err if err is None else format(err, '.1e'):>8}  {note}")
+    records += accuracy(target, base)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "matmul.jsonl"), "a") as f:

@@ -57,6 +57,8 @@ class CompiledStep:
     def __call__(self, *args, **kwargs):
         executable = self._executable(args, kwargs)
         flat = jax.tree_util.tree_leaves((args, kwargs))
+        if not executable.prepared:
+            executable.prepare(flat)
         outs = executable.run(*flat)
         return jax.tree_util.tree_unflatten(executable.captured.out_tree, outs)
 

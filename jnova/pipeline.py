@@ -55,6 +55,19 @@ class Executable:
     texts: dict[str, str]         # stage name -> IR text
     times: dict[str, float] = field(default_factory=dict)
     cache_hit: str | None = None  # None, "memory" (same structure in this process) or "disk"
+    prepared: bool = False        # the jitted step lowered and compiled by XLA (`prepare`)
+
+    def prepare(self, flat_args) -> None:
+        """Lower the jitted step and compile it with XLA, timing both stages ("xla_lower",
+        "xla_compile"), before its first call; the call then finds jax's compiled executable."""
+        if not any(isinstance(x, jax.core.Tracer) for x in flat_args):  # inside a transformation: jax decides
+            with _stage(self.times, "xla_lower"):
+                lowered = self.run.lower(*flat_args)
+            with _stage(self.times, "xla_compile"):
+                lowered.compile()
+            log.info("jnova: XLA lowered the step in %.2f s and compiled it in %.2f s",
+                     self.times["xla_lower"], self.times["xla_compile"])
+        self.prepared = True
 
     def stats(self) -> dict:
         """Kernels, ops, fallbacks, cache hit and compile time per stage of this signature."""

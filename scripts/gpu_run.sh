@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test and the GPU benchmarks, on the GPU machine, from the repo root:
-#   OUT=<results dir> bash scripts/gpu_run.sh [tests] [differential] [bench] [profile]
-# (no argument: the first three)
+#   OUT=<results dir> bash scripts/gpu_run.sh [tests] [differential] [matmul] [bench] [profile]
+# (no argument: tests differential matmul bench). TESTS=<pytest paths> narrows the tests part,
+# MATMUL_ARGS are passed to benchmarks/matmul.py, STEP_DTYPES (default "float32 bfloat16") to the steps.
 # A device call runs at most 10 minutes, so the parts can go in separate calls (same $OUT layout). Set
 # JNOVA_SHA=<commit> for the records: a copied tree's git metadata may name an older commit.
 # Needs .gpu-pack/mlir-py312.tar.xz (bash ../shared/tools/pack-mlir-py312.sh .gpu-pack: the MLIR bindings
@@ -9,13 +10,14 @@
 #   tests:        gpu-tests.xml, gpu-tests.log (pytest -m gpu, all but the random programs; 4 workers)
 #   differential: differential.xml, differential.log, differential.jsonl (>= 1000 random programs, one
 #                 JSON line per shard: programs, kernels, XLA groups, failures, seconds; 15 workers)
+#   matmul:       matmul.jsonl (benchmarks/matmul.py: the nine contraction shapes, jnova vs XLA, TFLOP/s)
 #   bench:        kernels.jsonl (benchmarks/kernels.py), gpt2_step.jsonl (benchmarks/gpt2_step.py, one process
 #                 per configuration, plus a second jnova process on the same caches: the warm compile)
 #   profile:      profile-{jnova,xla}-float32.json (benchmarks/profile_step.py: GPU time per kernel family)
 #   gpu-summary.json (benchmarks/summarize.py) after each part.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
-parts=${*:-tests differential bench}
+parts=${*:-tests differential matmul bench}
 s=$(mktemp -d) && tar -xJf .gpu-pack/mlir-py312.tar.xz -C "$s" && export PYTHONPATH=$s:$PWD || exit 1
 export JAX_PLATFORMS=cuda PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin OUT XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JNOVA_SHA=${JNOVA_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -23,7 +25,8 @@ export JNOVA_DIFF_PROFILE=${JNOVA_DIFF_PROFILE:-gpu}
 rc=0
 
 if [[ " $parts " == *" tests "* ]]; then
-  python3 -m pytest -m gpu -q -rfEs -n 4 -p no:cacheprovider tests/gpu -k "not random_programs" \
+  timeout ${TESTS_TIMEOUT:-570} python3 -m pytest -m gpu -q -rfEsP -n 4 -p no:cacheprovider ${TESTS:-tests/gpu} \
+    -k "not random_programs" \
     --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1 || rc=1
   tail -15 "$OUT/gpu-tests.log"
 fi
@@ -42,12 +45,16 @@ if [[ " $parts " == *" profile "* ]]; then
   done
 fi
 
+if [[ " $parts " == *" matmul "* ]]; then
+  timeout ${MATMUL_TIMEOUT:-420} python3 benchmarks/matmul.py ${MATMUL_ARGS:-} 2>&1 | grep -v -i warning | tail -60
+fi
+
 if [[ " $parts " == *" bench "* ]]; then
-  timeout 300 python3 benchmarks/kernels.py 2>&1 | grep -v Warning | tail -8
+  [[ -n "${SKIP_KERNEL_BENCH:-}" ]] || timeout 300 python3 benchmarks/kernels.py 2>&1 | grep -v Warning | tail -8
   # the jnova float32 runs share jnova's cache and, through jnova.enable_xla_cache, JAX's compilation
   # cache: the first is the cold compile, the last (label "warm") a second process finding both
   export JNOVA_CACHE_DIR=$(mktemp -d)
-  for dtype in float32 bfloat16; do
+  for dtype in ${STEP_DTYPES:-float32 bfloat16}; do
     for impl in jnova xla; do
       timeout 300 python3 benchmarks/gpt2_step.py --impl $impl --dtype $dtype --xla-cache > /dev/null \
         2>"$OUT/bench-$impl-$dtype.err" || { echo "gpt2_step $impl $dtype failed:"; tail -5 "$OUT/bench-$impl-$dtype.err"; }

@@ -45,7 +45,7 @@ def test_bf16_tiles_at_least_as_large_as_f32(m, n, k):
 
 @pytest.mark.parametrize("m, n, k", REPORT_SHAPES)
 def test_mma_kind_follows_dtype_and_target(m, n, k):
-    assert choose_tiles(ContractionProblem(m, n, k), H200).mma == "mma_sync_tf32_16x8x8"
+    assert choose_tiles(ContractionProblem(m, n, k), H200).mma == "wgmma_tf32_m64nNk8"
     assert choose_tiles(ContractionProblem(m, n, k, operand_dtype="bfloat16"), H200).mma == "wgmma_bf16_m64nNk16"
     assert choose_tiles(ContractionProblem(m, n, k, operand_dtype="float16"), H200).mma == "wgmma_f16_m64nNk16"
     assert choose_tiles(ContractionProblem(m, n, k, operand_dtype="bfloat16"), RTX3060).mma == "mma_sync_bf16_16x8x16"
@@ -67,10 +67,25 @@ def test_tile_family_grows_with_arithmetic_intensity():
 
 def test_mma_sync_tiles_stop_at_128x128():
     """jnova's TF32 mma.sync kernel spills with a 256-wide tile's accumulators (ptxas, measured):
-    the top rung is capped at 128x128 over 8 warps of 64x32."""
-    cfg = choose_tiles(ContractionProblem(5120, 5120, 5120), H200)
-    assert "rung 3" in explain(ContractionProblem(5120, 5120, 5120), H200)
+    the top rung is capped at 128x128 over 8 warps of 64x32. TF32 wgmma takes the whole rung."""
+    cfg = choose_tiles(ContractionProblem(5120, 5120, 5120), ADA)
+    assert "rung 3" in explain(ContractionProblem(5120, 5120, 5120), ADA)
     assert (cfg.block_m, cfg.block_n, cfg.warps_m, cfg.warps_n) == (128, 128, 2, 4)
+    hopper = choose_tiles(ContractionProblem(5120, 5120, 5120), H200)
+    assert (hopper.block_m * hopper.block_n, hopper.mma) == (256 * 128, "wgmma_tf32_m64nNk8")
+
+
+def test_tf32_wgmma_tiles_take_two_warpgroups():
+    """MN-major TF32 operands are copied 4 bytes at a time: a 128x128 tile gets two warpgroups."""
+    cfg = choose_tiles(ContractionProblem(4096, 4096, 256), H200)
+    assert (cfg.block_m, cfg.block_n, cfg.warps_m, cfg.warps_n) == (128, 128, 8, 1)
+
+
+def test_wgmma_goes_one_rung_up():
+    """TF32 wgmma takes the 16-bit types' rung: 256x128 where mma.sync stops at 128x128."""
+    for m, n, k in [(16384, 3072, 768), (16384, 768, 3072), (16384, 50304, 768)]:
+        cfg = choose_tiles(ContractionProblem(m, n, k), H200)
+        assert cfg.block_m * cfg.block_n == 256 * 128 and cfg.mma == "wgmma_tf32_m64nNk8"
 
 
 def test_report_example_4096_cube_on_rtx6000ada():
@@ -92,7 +107,7 @@ def test_small_problems_trade_tile_size_for_sm_fill():
 
 
 def test_stages_fall_back_4_3_2_with_the_smem_limit():
-    problem = ContractionProblem(16384, 3072, 768)  # 128x128x32 f32 tiles: 32 KiB per stage
+    problem = ContractionProblem(4096, 4096, 256)  # 128x128x32 f32 tiles: 32 KiB per stage
     stages = {}
     for limit_kib in (227, 100, 70, 40):
         cfg = choose_tiles(problem, dataclasses.replace(H200, smem_per_block_optin=limit_kib * KiB))

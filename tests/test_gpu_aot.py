@@ -21,7 +21,7 @@ def test_gpu_step_lowers_to_ptx_kernel_calls(lowered):
     ptx = lowered.as_text("ptx")
     entries = ptx.count(".entry")
     assert entries > 10 and ".target sm_90a" in ptx
-    assert "mma.sync.aligned.m16n8k8" in ptx  # the contractions: TF32 tensor cores
+    assert "wgmma.mma_async.sync.aligned.m64n" in ptx and ".tf32.tf32" in ptx  # contractions: TF32 wgmma
     hlo = lowered.as_text("hlo")  # the jitted step lowered for CUDA on this CPU machine
     # one custom call per kernel that has a GPU builder; the rest (xla_groups) are ordinary HLO ops
     assert hlo.count("triton_kernel_call_ffi") == stats["kernels"] - stats["xla_groups"]

@@ -1,6 +1,7 @@
 """Contraction kernels without a GPU: `build_matmul` -> PTX, assembled by ptxas for sm_90a with no
 spills (registers printed), and the instructions each main loop is meant to use checked in the PTX:
-wgmma + cp.async for bf16, mma.sync m16n8k8 TF32 + ldmatrix (never .trans: 32-bit data) for f32.
+wgmma + cp.async for bf16 and TF32 on sm_90a (MN-major TF32 operands transposed by 4-byte copies),
+mma.sync m16n8k8 TF32 + ldmatrix (never .trans: 32-bit data) for f32 before sm_90.
 Numerics are checked on the GPU (tests/gpu/test_gpu_matmul.py)."""
 import re
 
@@ -59,15 +60,35 @@ def test_matmul_ptx_assembles_without_spills(dtype, m, n, k, batch, a_layout, b_
     assert kernel.params[-1] == ("out", "c") and all(role == "in" for role, _ in kernel.params[:-1])
     assert kernel.grid[2] == batch and kernel.block[0] % 32 == 0
     assert "cp.async" in kernel.ptx
+    assert "fence.proxy.async" in kernel.ptx  # cp.async writes, then wgmma reads through the async proxy
     if dtype == "bfloat16":
         assert "wgmma.mma_async.sync.aligned.m64n" in kernel.ptx and ".bf16.bf16" in kernel.ptx
-        assert "fence.proxy.async" in kernel.ptx  # cp.async writes, then wgmma reads through the async proxy
-    else:
-        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in kernel.ptx
-        assert "cvt.rna.tf32.f32" in kernel.ptx
-        assert "ldmatrix" not in kernel.ptx or ".trans" not in kernel.ptx  # Table 1: no .trans for 32-bit
-        k_major_operand = a_layout == "row" or b_layout == "col"
-        assert ("ldmatrix.sync.aligned.m8n8" in kernel.ptx) == k_major_operand
+    else:  # TF32 wgmma reads both operands K-major: an MN-major one is transposed by 4-byte copies
+        assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k8\.f32\.tf32\.tf32", kernel.ptx)
+        transposed = a_layout == "col" or b_layout == "row"
+        assert bool(re.search(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 4", kernel.ptx)) == transposed
+
+
+MMA_SYNC_TARGET = get_target("rtx6000ada")  # sm_89: TF32 contractions through mma.sync
+
+
+@requires_ptxas
+@pytest.mark.parametrize("dtype,m,n,k,batch,a_layout,b_layout,epilogue", _params("float32"))
+def test_tf32_mma_sync_ptx_assembles_without_spills(dtype, m, n, k, batch, a_layout, b_layout, epilogue):
+    """Before sm_90 the f32 main loop is mma.sync m16n8k8 with operands rounded to TF32 in registers,
+    ldmatrix for K-major tiles and never ldmatrix.trans (32-bit data, report Table 1)."""
+    problem = ContractionProblem(m, n, k, batch=batch, a_layout=a_layout, b_layout=b_layout)
+    config = choose_tiles(problem, MMA_SYNC_TARGET)
+    kernel = build_matmul(problem, config, MMA_SYNC_TARGET, epilogue)
+    report = assemble_check(kernel.ptx, MMA_SYNC_TARGET.arch)
+    print(f"{kernel.name}: {config}: {report}")
+    assert report.spills == 0 and report.stack_frame == 0, report.log
+    assert config.mma == "mma_sync_tf32_16x8x8" and "cp.async" in kernel.ptx
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in kernel.ptx
+    assert "cvt.rna.tf32.f32" in kernel.ptx
+    assert "ldmatrix" not in kernel.ptx or ".trans" not in kernel.ptx
+    k_major_operand = a_layout == "row" or b_layout == "col"
+    assert ("ldmatrix.sync.aligned.m8n8" in kernel.ptx) == k_major_operand
 
 
 def test_parameters_follow_the_epilogue():
@@ -107,8 +128,12 @@ def test_refusals_name_the_reason():
     with pytest.raises(LoweringError, match="16-bit mma.sync"):
         matmul_module(problem, choose_tiles(problem, ada), ada)
     f32 = ContractionProblem(256, 256, 256)
-    with pytest.raises(LoweringError, match="f32 operands need"):
+    with pytest.raises(LoweringError, match="wgmma_bf16_m64nNk16 does not take float32 operands"):
         matmul_module(f32, choose_tiles(problem, H200), H200)
+    with pytest.raises(LoweringError, match="wgmma_tf32_m64nNk8 does not take bfloat16 operands"):
+        matmul_module(problem, choose_tiles(f32, H200), H200)
+    with pytest.raises(LoweringError, match="needs wgmma"):
+        matmul_module(f32, choose_tiles(f32, H200), ada)
     with pytest.raises(LoweringError, match="split_k"):
         matmul_module(f32, TileConfig.parse("block=64x64x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 "
                                             "swizzle=128 split_k=2"), H200)

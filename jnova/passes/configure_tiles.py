@@ -5,8 +5,9 @@
 The rules (Nova report, section 4.4):
 
 1. Tile family: arithmetic intensity AI = 2MNK / (MK + KN + MN) (FLOP per element), over the machine
-   balance point in FLOP per operand element, picks a rung of `TILE_LADDER`; 16-bit operands go one
-   rung up (half the shared memory per element).
+   balance point in FLOP per operand element, picks a rung of `TILE_LADDER`; 16-bit operands and
+   wgmma go one rung up (half the shared memory per element; a warpgroup reads fewer shared-memory
+   bytes per FLOP from a larger tile: TF32 256x128 tiles measured 1.2-1.5x 128x128 on GPT-2 shapes).
 2. SM fill: from that rung down, the first whose tiles make at least one full wave with
    `FILL_EFFICIENCY` of the SM slots busy (waves = ceil(tiles / SMs)), or, for a problem too small for
    any, the best fill; within a rung the orientation with the better fill, then intensity, wins.
@@ -34,7 +35,7 @@ OPERAND_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LAYOUTS = ("row", "col")
 # N in a wgmma kind is the warpgroup's n extent, block_n // warps_n, fixed at code generation.
 MMA_KINDS = ("mma_sync_tf32_16x8x8", "mma_sync_bf16_16x8x16", "mma_sync_f16_16x8x16",
-             "wgmma_bf16_m64nNk16", "wgmma_f16_m64nNk16")
+             "wgmma_tf32_m64nNk8", "wgmma_bf16_m64nNk16", "wgmma_f16_m64nNk16")
 SWIZZLES = (128, 64, 32)
 
 TILE_LADDER = (((64, 64),), ((128, 64), (64, 128)), ((128, 128),), ((256, 128), (128, 256)))
@@ -220,8 +221,8 @@ def _decide(problem: ContractionProblem, target: Target) -> _Decision:
     balance = target.balance_point(problem.operand_dtype)
     ai = problem.arithmetic_intensity
     rung = sum(ai / (balance * elem) >= t for t in RUNG_THRESHOLDS)
-    if elem == 2:
-        rung = min(rung + 1, len(TILE_LADDER) - 1)
+    if elem == 2 or mma.startswith("wgmma"):  # half the smem per element; or wgmma, whose shared-memory
+        rung = min(rung + 1, len(TILE_LADDER) - 1)  # reads per FLOP fall as the tile grows (TF32 measured)
     top = rung
     if mma.startswith("mma_sync"):  # 256-wide tiles: accumulators beyond 8 warps' registers (measured spills)
         top = min(rung, MMA_SYNC_MAX_RUNG)
@@ -246,7 +247,7 @@ def _mma_kind(operand_dtype: str, target: Target) -> str:
     if not target.has("mma_sync"):
         raise ValueError(f"target {target.name} ({target.arch}) has no mma.sync tensor cores; jnova needs sm_80+")
     if operand_dtype == "float32":
-        return "mma_sync_tf32_16x8x8"
+        return "wgmma_tf32_m64nNk8" if target.has("wgmma") else "mma_sync_tf32_16x8x8"
     short = "bf16" if operand_dtype == "bfloat16" else "f16"
     if short == "bf16" and not target.has("bf16_mma"):
         raise ValueError(f"target {target.name} ({target.arch}) has no bf16 tensor-core MMA")
@@ -255,7 +256,7 @@ def _mma_kind(operand_dtype: str, target: Target) -> str:
 
 def _mma_sync_form(kind: str) -> str:
     """The mma.sync instruction for the same operand type (unchanged if `kind` already is one)."""
-    return kind.replace("wgmma", "mma_sync").replace("_m64nNk16", "_16x8x16")
+    return kind.replace("wgmma", "mma_sync").replace("_m64nNk16", "_16x8x16").replace("_m64nNk8", "_16x8x8")
 
 
 def _score(problem: ContractionProblem, target: Target, bm: int, bn: int) -> _Candidate:
@@ -280,10 +281,13 @@ def _rank(problem: ContractionProblem, c: _Candidate) -> tuple:
 
 
 def _warps(bm: int, bn: int, mma: str, memory_side: bool, target: Target) -> tuple[int, int]:
-    """Warp grid: 64x32 warp tiles (at least 4 warps) for mma.sync, one warpgroup per 128x128 for wgmma;
+    """Warp grid: 64x32 warp tiles (at least 4 warps) for mma.sync, one warpgroup per 128x128 for wgmma
+    (at least two for TF32);
     twice as many on the memory side when the smaller warp tiles stay whole MMA tiles and fit registers."""
     if mma.startswith("wgmma"):
         groups = max(1, bm * bn // (128 * 128))
+        if "tf32" in mma:  # at least two warpgroups (while each keeps 64 rows): an MN-major TF32 operand
+            groups = max(groups, min(2, bm // 64))  # is copied 4 bytes at a time, so more threads copy
         grid = _warpgroup_grid(bm, bn, groups)
         if memory_side and groups < MAX_WARPS // 4:
             wider = _warpgroup_grid(bm, bn, 2 * groups)

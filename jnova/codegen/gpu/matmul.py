@@ -3,10 +3,12 @@
 `build_matmul(problem, config, target, epilogue)` writes one `gpu.func` from the TileConfig the
 Analytic Configurator chose and compiles it to PTX. Two main loops (report, section 4.5):
 
-  bf16 / f16 on sm_90a   `matmul_wgmma.py`: a multi-stage cp.async ring of 128-byte-swizzled tiles
+  sm_90a (bf16, f16, TF32) `matmul_wgmma.py`: a multi-stage cp.async ring of 128-byte-swizzled tiles
                           read by `wgmma.mma_async` through shared-memory descriptors (the
-                          warpgroup grid from the config; one wgmma group kept in flight);
-  f32 (TF32)             `matmul_mma.py`: a multi-stage cp.async ring read by `mma.sync m16n8k8`
+                          warpgroup grid from the config; one wgmma group kept in flight). wgmma
+                          takes TF32 only K-major, so an MN-major f32 operand is transposed by its
+                          copies into shared memory (4-byte cp.async, `matmul_smem.py`);
+  f32 (TF32) before sm_90 `matmul_mma.py`: a multi-stage cp.async ring read by `mma.sync m16n8k8`
                           with ldmatrix for K-major tiles and 32-bit scalar reads for MN-major ones
                           (never ldmatrix.trans on 32-bit data: report, Table 1).
 
@@ -81,27 +83,27 @@ def matmul_refusal(problem: ContractionProblem, config: TileConfig, target: Targ
     """Why no kernel of this module computes `problem` with `config` on `target`, or None."""
     if problem.out_dtype != "float32":
         return f"output dtype {problem.out_dtype}: the contraction kernels write f32"
-    if problem.operand_dtype == "float32":
-        if config.mma != "mma_sync_tf32_16x8x8":
-            return f"f32 operands need mma=mma_sync_tf32_16x8x8, config has {config.mma}"
-    elif config.is_wgmma:
-        if not target.has("wgmma"):
-            return f"{config.mma} needs wgmma, which {target.name} ({target.arch}) lacks"
-        if config.mma.split("_")[1] != ELEMENT[problem.operand_dtype]:
-            return f"{config.mma} does not take {problem.operand_dtype} operands"
-    else:
+    wants = "tf32" if problem.operand_dtype == "float32" else ELEMENT[problem.operand_dtype]
+    if config.mma.split("_")[-2 if config.is_wgmma else 2] != wants:
+        return f"{config.mma} does not take {problem.operand_dtype} operands"
+    if config.is_wgmma and not target.has("wgmma"):
+        return f"{config.mma} needs wgmma, which {target.name} ({target.arch}) lacks"
+    if not config.is_wgmma and wants != "tf32":
         return f"{config.mma}: 16-bit mma.sync contractions are not generated yet (only wgmma on sm_90a)"
     if config.split_k != 1:
         return f"split_k={config.split_k}: the epilogue needs the whole K sum in one block"
     return None
 
 
-def operand_tiles(problem: ContractionProblem, config: TileConfig, swizzle_a: str, swizzle_b: str):
+def operand_tiles(problem: ContractionProblem, config: TileConfig, swizzle_a: str, swizzle_b: str,
+                  k_major_only: bool = False):
+    """The A and B tiles; with `k_major_only` an MN-major operand is transposed into a K-major tile."""
     e, nbytes = ELEMENT[problem.operand_dtype], BYTES[problem.operand_dtype]
-    a = OperandTile("a", e, nbytes, config.block_m, config.block_k, problem.a_layout == "row", swizzle_a,
-                    problem.m, problem.k)
-    b = OperandTile("b", e, nbytes, config.block_n, config.block_k, problem.b_layout == "col", swizzle_b,
-                    problem.n, problem.k)
+    a_k, b_k = problem.a_layout == "row", problem.b_layout == "col"
+    a = OperandTile("a", e, nbytes, config.block_m, config.block_k, a_k or k_major_only, swizzle_a,
+                    problem.m, problem.k, transposed=k_major_only and not a_k)
+    b = OperandTile("b", e, nbytes, config.block_n, config.block_k, b_k or k_major_only, swizzle_b,
+                    problem.n, problem.k, transposed=k_major_only and not b_k)
     return a, b
 
 
@@ -115,7 +117,7 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
     epilogue = epilogue or MatmulEpilogue()
     name = name or default_name(problem, config, epilogue)
     try:
-        a, b = operand_tiles(problem, config, *family.SWIZZLES(problem, config))
+        a, b = operand_tiles(problem, config, *family.SWIZZLES(problem, config), family.k_major_only(config))
     except ValueError as e:
         raise LoweringError(f"cannot build a contraction kernel for {problem} with {config}: {e}") from None
     threads = family.threads(problem, config)

@@ -49,6 +49,11 @@ def SWIZZLES(problem, config):  # noqa: N802 (the family interface: the swizzle 
     return a, ("rows4x5" if permutes_n(config) else "rows4x2")
 
 
+def k_major_only(config) -> bool:
+    """The tiles keep the operands' layouts (MN-major ones are read with 32-bit scalar loads)."""
+    return False
+
+
 def permutes_n(config) -> bool:
     """Whether an N-major B is read 16 bytes at a time: in each group of 8 n8 tiles (64 columns), MMA
     column q of tile j computes C column 8q + j, so a lane's b0 words for the 8 tiles are 8 adjacent

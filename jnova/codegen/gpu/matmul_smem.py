@@ -17,6 +17,12 @@ t = 0..3 at chunks c and c + 2).
 Copies: every thread moves `vector` consecutive elements per copy (16, 8 or 4 bytes through
 `cp.async`, with the bytes past the matrix edge zero-filled), or, when a row of the operand is not
 4-byte aligned (odd K or N in bf16), single elements through registers (`sync`).
+
+A `transposed` tile lies MN-major in global memory but K-major in shared memory (wgmma takes TF32
+operands only K-major): its copies are 4-byte `cp.async`s that transpose on the way. Each warp moves an
+8 (mn) x 4 (k) group: the lanes with one k read 32 consecutive bytes of a global row (one sector),
+and the 32 stores land in 8 distinct swizzle chunks at 4 distinct offsets within them, so in 32
+distinct banks.
 """
 from __future__ import annotations
 
@@ -57,16 +63,25 @@ class OperandTile:
     elem_bytes: int
     mn: int  # tile extent along M (A) or N (B)
     bk: int  # tile extent along K
-    k_major: bool  # K contiguous in global memory and within the smem panels
+    k_major: bool  # K contiguous within the smem panels (and in global memory unless `transposed`)
     swizzle: str  # "rows8" or "rows4x2"
     extent_mn: int  # the matrix's full M (A) or N (B)
     extent_k: int  # the matrix's K
+    transposed: bool = False  # global memory has the other layout: copied element by element
 
     def __post_init__(self):
         inner = self.bk if self.k_major else self.mn
         if inner * self.elem_bytes % PANEL_BYTES:
             raise ValueError(f"operand {self.name}: a tile row of {inner} x {self.elem_bytes} B is not a whole number "
                              f"of {PANEL_BYTES}-byte panels")
+        if self.transposed and not (self.k_major and self.elem_bytes == 4 and self.mn % 8 == 0 and self.bk % 4 == 0):
+            raise ValueError(f"operand {self.name}: transposing copies take 4-byte elements into a K-major tile of "
+                             f"whole 8 x 4 groups (tile {self.mn}x{self.bk}, {self.elem_bytes} B)")
+
+    @property
+    def global_k_major(self) -> bool:
+        """K contiguous in global memory."""
+        return self.k_major != self.transposed
 
     @property
     def panel_elems(self) -> int:
@@ -87,20 +102,23 @@ class OperandTile:
     @property
     def leading(self) -> int:
         """Elements between consecutive rows in global memory."""
-        return self.extent_k if self.k_major else self.extent_mn
+        return self.extent_k if self.global_k_major else self.extent_mn
 
     @property
     def global_rows(self) -> int:
         """Rows of the tile as it lies in global memory (its contiguous dimension is `global_cols`)."""
-        return self.mn if self.k_major else self.bk
+        return self.mn if self.global_k_major else self.bk
 
     @property
     def global_cols(self) -> int:
-        return self.bk if self.k_major else self.mn
+        return self.bk if self.global_k_major else self.mn
 
     @property
     def vector(self) -> int:
-        """Elements per copy: the widest of 16/8/4 bytes that keeps every row start aligned, else 1."""
+        """Elements per copy: the widest of 16/8/4 bytes that keeps every row start aligned, else 1
+        (always 1 for a transposed tile)."""
+        if self.transposed:
+            return 1
         row_bytes = self.leading * self.elem_bytes
         for nbytes in (16, 8, 4):
             if row_bytes % nbytes == 0 and self.global_cols * self.elem_bytes % nbytes == 0:
@@ -167,6 +185,7 @@ class TileCopier:
     dst_type: str
     batch_offset: str  # elements to the start of this batch's matrix
     mn0: str  # first M (A) or N (B) index of the block's tile
+    elements: int = 0  # elements in the whole operand buffer (all batches)
     copies: list = None
 
     def prepare(self, em: GpuEmitter, tid: str) -> None:
@@ -174,6 +193,9 @@ class TileCopier:
         mn index). Rounds after the first are the first shifted by whole rows, written as constant
         offsets so they fold into the addresses instead of holding registers."""
         t = self.tile
+        if t.transposed:
+            self._prepare_transposed(em, tid)
+            return
         vec = t.vector
         per_row = t.global_cols // vec
         chunks = t.global_rows * per_row
@@ -208,16 +230,67 @@ class TileCopier:
             if first is None:
                 first = self.copies[0]
 
+    def _prepare_transposed(self, em: GpuEmitter, tid: str) -> None:
+        """Copy rounds of a transposed tile: round i's warp w moves 8 x 4 group i * warps + w, groups
+        numbered along k first; when the warps cover whole rows of groups, later rounds are the first
+        shifted by whole multiples of 8 rows of mn (constant offsets, the swizzle unchanged).
+
+        Rows past the M (N) edge are not masked: they read whatever lies at their flat address, clamped
+        into the buffer, and only reach rows (columns) of C that the epilogue does not store; a
+        predicate per round would be a live register per round through the main loop."""
+        t = self.tile
+        warps, k_groups = self.threads // 32, t.bk // 4
+        groups = k_groups * (t.mn // 8)
+        rounds = -(-groups // warps)
+        lane, warp = ix_op(em, "remui", tid, 32), ix_op(em, "divui", tid, 32)
+        regular = warps % k_groups == 0
+        self.copies, first = [], None
+        for i in range(rounds):
+            if regular and first is not None:
+                smem0, gofs0, k0, _, _, mn0 = first
+                shift = i * warps // k_groups * 8
+                smem = ix_add(em, smem0, t.shift_bytes(shift, 0) // t.elem_bytes)
+                gofs, k, mn_abs = ix_add(em, gofs0, shift), k0, ix_add(em, mn0, shift)
+            else:
+                group = ix_add(em, warp, i * warps)
+                k = ix_add(em, (ix_op(em, "remui", group, k_groups), 4), ix_op(em, "divui", lane, 8))
+                mn = ix_add(em, (ix_op(em, "divui", group, k_groups), 8), ix_op(em, "remui", lane, 8))
+                smem = ix_op(em, "divui", t.byte_offset(em, mn, k), t.elem_bytes)
+                mn_abs = ix_add(em, self.mn0, mn)
+                gofs = ix_add(em, self.batch_offset, (k, t.leading), mn_abs)
+            active = None
+            if (i + 1) * warps > groups:
+                active = em.op(f"arith.cmpi ult, {ix_add(em, warp, i * warps)}, {em.index(groups)} : index")
+            self.copies.append((smem, gofs, k, None, active, mn_abs))
+            if first is None:
+                first = self.copies[0]
+
     def issue(self, em: GpuEmitter, kt: str, stage_elems: str) -> None:
         """Copy k-tile `kt` (an index value) into the stage starting at element `stage_elems`."""
         t = self.tile
         vec = t.vector
         k0 = em.op(f"arith.muli {kt}, {em.index(t.bk)} : index")
-        step = t.bk if t.k_major else t.bk * t.leading
+        step = t.bk if t.global_k_major else t.bk * t.leading
         kofs = em.op(f"arith.muli {kt}, {em.index(step)} : index")
+        k_ok = {}
         for smem, gofs, k, mn_ok, active, mn_abs in self.copies:
+            if t.transposed:  # one element; zero past the K edge, past the M (N) edge anything in the buffer
+                if k not in k_ok:
+                    k_ok[k] = em.op(f"arith.cmpi ult, {em.op(f'arith.addi {k0}, {k} : index')}, "
+                                    f"{em.index(t.extent_k)} : index")
+                count = em.op(f"arith.select {k_ok[k]}, {em.index(1)}, {em.index(0)} : index")
+                src = em.op(f"arith.minui {em.op(f'arith.addi {gofs}, {kofs} : index')}, "
+                            f"{em.index(self.elements - 1)} : index")
+                src = em.op(f"arith.select {k_ok[k]}, {src}, {em.index(0)} : index")
+                dst = em.op(f"arith.addi {stage_elems}, {smem} : index")
+                if active is not None:
+                    with em.region(f"scf.if {active} {{"):
+                        self._copy(em, src, dst, count, 1)
+                else:
+                    self._copy(em, src, dst, count, 1)
+                continue
             k_abs = em.op(f"arith.addi {k0}, {k} : index")
-            if t.k_major:  # the vector runs along K: partial at the K edge
+            if t.global_k_major:  # the vector runs along K: partial at the K edge
                 left = em.op(f"arith.subi {em.index(t.extent_k)}, {em.op(f'arith.minui {k_abs}, {em.index(t.extent_k)} : index')} : index")
                 count = em.op(f"arith.select {mn_ok}, {em.op(f'arith.minui {left}, {em.index(vec)} : index')}, {em.index(0)} : index")
             else:  # the vector runs along M or N: partial at that edge

@@ -1,8 +1,10 @@
 """The Hopper main loop: a cp.async ring of 128-byte-swizzled tiles feeding `wgmma.mma_async`.
 
 Warpgroups: the config's warps_m x warps_n warps form (warps_m / 4) x warps_n warpgroups; each owns a
-(block_m / groups_m) x (block_n / groups_n) piece of the block tile, as m64nNk16 instructions
-repeated along M (N = the piece's width, at most 256). All threads copy; all warpgroups compute.
+(block_m / groups_m) x (block_n / groups_n) piece of the block tile, as m64nNk16 (bf16, f16) or
+m64nNk8 (TF32) instructions repeated along M (N = the piece's width, at most 256). All threads copy;
+all warpgroups compute. TF32 operands are K-major in shared memory whatever their global layout
+(the copies of an MN-major one transpose it: `matmul_smem.py`).
 
 Pipeline with S stages (S >= 3): one wgmma group stays in flight, so the copy issued at iteration kt
 (tile kt + S - 2) goes to the stage that held tile kt - 2, whose wgmma every warpgroup has waited
@@ -18,8 +20,9 @@ With S = 2 nothing stays in flight (wgmma.wait 0 each iteration) and the copy ru
 
 Shared-memory matrix descriptors (PTX ISA "Matrix Descriptor Format"; CUTLASS make_gmma_desc) for
 the 128-byte swizzle (layout type 1), all offsets in 16-byte units:
-  K-major operand:  start + 32 B per k16 step inside a panel; SBO = 1024 (8 rows of 128 B); LBO unused (1)
-  MN-major operand: start + 16 rows x 128 B per k16 step; SBO = 1024 (8 k-rows); LBO = the stride
+  K-major operand:  start + 32 B per k step (k16 of 16-bit, k8 of TF32) inside a panel; SBO = 1024
+                    (8 rows of 128 B); LBO unused (1)
+  MN-major operand: start + 16 rows x 128 B per k16 step (16-bit types only); SBO = 1024 (8 k-rows); LBO = the stride
                     between 64-element panels along M or N (one panel = block_k x 128 B)
 Accumulator layout (PTX ISA, wgmma D fragment): value i of lane l in warp w of the warpgroup is
 D[16w + l/4 + 8*((i/2)%2), 2*(l%4) + i%2 + 8*(i/4)].
@@ -32,7 +35,7 @@ from jnova.codegen.gpu.matmul_epilogue import Context, Fragment, copy_ahead, cop
 from jnova.codegen.gpu.matmul_smem import PANEL_BYTES, TileCopier, ix_add, ix_op
 from jnova.codegen.linalg.lowering import LoweringError
 
-WGMMA_M, WGMMA_K = 64, 16
+WGMMA_M = 64
 SWIZZLE_128B = 1  # descriptor layout type (bits 62-63)
 GROUP_ROWS_BYTES = 8 * PANEL_BYTES  # SBO: eight 128-byte rows, one swizzle atom
 
@@ -41,11 +44,20 @@ def SWIZZLES(problem, config):  # noqa: N802 (the family interface: the swizzle 
     return "rows8", "rows8"
 
 
+def k_major_only(config) -> bool:
+    """wgmma reads TF32 operands only K-major (PTX ISA: no transpose for .tf32); 16-bit ones either way."""
+    return "tf32" in config.mma
+
+
+def wgmma_type(tile) -> str:
+    return "tf32" if tile.element == "f32" else tile.element
+
+
 def warpgroups(problem, config) -> tuple[int, int]:
     """The warpgroup grid: the config's (warps_m / 4) x warps_n when its pieces are wgmma shapes, else
     the same number of warpgroups arranged otherwise, else fewer (a 64x64 tile of an N-major B takes
     one warpgroup: 32-column pieces are not a whole 64-element swizzle panel)."""
-    n_major_b = problem.b_layout == "row"
+    n_major_b = problem.b_layout == "row" and not k_major_only(config)  # an N-major tile in shared memory
     groups = max(1, config.warps_m // 4) * config.warps_n
     while groups >= 1:
         for gm in range(groups, 0, -1):
@@ -106,14 +118,14 @@ def main_loop(ctx: Context) -> list[Fragment]:
         stage = em.op(f"arith.index_cast {em.op(f'arith.remui {kt}, {em.index(cfg.stages)} : index')} : index to i64")
         em.line("nvvm.wgmma.fence.aligned")
         new = list(accs)
-        for j in range(cfg.block_k // WGMMA_K):
+        for j in range(cfg.block_k // cfg.mma_k):
             db = _descriptor(ctx, desc_b, stage, ctx.b.bytes, _b_offset(ctx, j, tn))
             for r in range(reps):
                 da = _descriptor(ctx, desc_a, stage, ctx.a.bytes, _a_offset(ctx, j, r))
                 new[r] = em.op(f"nvvm.wgmma.mma_async {da}, {db}, {new[r]}, #nvvm.shape<m = {WGMMA_M}, n = {tn}, "
-                               f"k = {WGMMA_K}>, D [<f32>, #nvvm.wgmma_scale_out<one>, <wrapped>], "
-                               f"A [<{ctx.a.element}>, #nvvm.wgmma_scale_in<one>, <{'row' if ctx.a.k_major else 'col'}>], "
-                               f"B [<{ctx.b.element}>, #nvvm.wgmma_scale_in<one>, <{'col' if ctx.b.k_major else 'row'}>] "
+                               f"k = {cfg.mma_k}>, D [<f32>, #nvvm.wgmma_scale_out<one>, <wrapped>], "
+                               f"A [<{wgmma_type(ctx.a)}>, #nvvm.wgmma_scale_in<one>, <{'row' if ctx.a.k_major else 'col'}>], "
+                               f"B [<{wgmma_type(ctx.b)}>, #nvvm.wgmma_scale_in<one>, <{'col' if ctx.b.k_major else 'row'}>] "
                                f": {acc_type} -> {acc_type}")
         em.line("nvvm.wgmma.commit.group.sync.aligned")
         em.line(f"nvvm.wgmma.wait.group.sync.aligned {keep}")
@@ -131,8 +143,8 @@ def _check(ctx: Context, tm: int, tn: int) -> None:
     if tn % 8 or tn > 256 or (not ctx.b.k_major and tn % 64):
         problems.append(f"a warpgroup's {tn} columns are not a wgmma N (a multiple of 8, at most 256, "
                         f"of 64 when B is N-major)")
-    if cfg.block_k % WGMMA_K:
-        problems.append(f"block_k={cfg.block_k} is not a multiple of {WGMMA_K}")
+    if cfg.block_k % cfg.mma_k:
+        problems.append(f"block_k={cfg.block_k} is not a multiple of {cfg.mma_k}")
     if problems:
         raise LoweringError(f"wgmma contraction with {cfg}: " + "; ".join(problems))
 
@@ -144,7 +156,7 @@ def _copiers(ctx: Context) -> list[TileCopier]:
         src, src_type = ctx.memrefs[tile.name]
         batch_offset = em.op(f"arith.muli {ctx.batch}, {em.index(size)} : index")
         copiers.append(TileCopier(tile, ctx.threads, src, src_type, ring, tile.memref(ctx.config.stages),
-                                  batch_offset, mn0))
+                                  batch_offset, mn0, p.batch * size))
     return copiers
 
 
@@ -190,9 +202,9 @@ def _i64(em, value: int) -> str:
 
 
 def _a_offset(ctx: Context, j: int, r: int) -> int:
-    """Bytes from the warpgroup's A piece to k16 step `j` of repeat `r`, within one stage."""
+    """Bytes from the warpgroup's A piece to k step `j` (of the MMA's k) of repeat `r`, within one stage."""
     a = ctx.a
-    k = j * WGMMA_K
+    k = j * ctx.config.mma_k
     if a.k_major:
         return (k // a.panel_elems) * a.panel_bytes + r * WGMMA_M * PANEL_BYTES + (k % a.panel_elems) * a.elem_bytes
     return r * WGMMA_M // a.panel_elems * a.panel_bytes + k * PANEL_BYTES
@@ -200,7 +212,7 @@ def _a_offset(ctx: Context, j: int, r: int) -> int:
 
 def _b_offset(ctx: Context, j: int, tn: int) -> int:
     b = ctx.b
-    k = j * WGMMA_K
+    k = j * ctx.config.mma_k
     if b.k_major:
         return (k // b.panel_elems) * b.panel_bytes + (k % b.panel_elems) * b.elem_bytes
     return k * PANEL_BYTES

@@ -12,6 +12,7 @@ from jnova.passes.configure_tiles import (
 from jnova.runtime.target import KiB, PRESETS
 
 H200, RTX3060, ADA = PRESETS["h200"], PRESETS["rtx3060"], PRESETS["rtx6000ada"]
+H200_MMA_SYNC = dataclasses.replace(H200, features=H200.features - {"wgmma"})  # the fill rule, not wgmma's model
 # Table 2 of the Nova report: three squares and six GPT-2 contractions (M x N x K)
 REPORT_SHAPES = [(512, 512, 512), (1024, 1024, 1024), (5120, 5120, 5120),
                  (16384, 3072, 768), (16384, 768, 3072), (16384, 50304, 768),
@@ -31,14 +32,38 @@ def test_report_shapes_fit_smem_and_fill_the_sms(m, n, k, dtype):
     assert cfg.smem_bytes <= H200.smem_per_block_optin
     assert 32 * cfg.num_warps <= H200.max_threads_per_block
     assert cfg.split_k == 1
+    # mma.sync: large enough for 64x64 tiles to fill the SMs -> at least one full wave
+    mma_sync = choose_tiles(problem, H200_MMA_SYNC)
     if tiles_of(problem, TileConfig(64, 64, 32, 2, 2, 2, MMA_KINDS[0], 128)) >= H200.sm_count:
-        assert tiles_of(problem, cfg) >= H200.sm_count  # large enough: at least one full wave
+        assert tiles_of(problem, mma_sync) >= H200.sm_count
+
+
+@pytest.mark.parametrize("m, n, k", REPORT_SHAPES)
+def test_wgmma_weighs_a_partial_wave_of_large_tiles(m, n, k):
+    """wgmma: the chosen tiling is the fastest by waves x tile area / rung efficiency, so it never
+    takes more waves of a smaller tile than the time model allows."""
+    from jnova.passes.configure_tiles import _decide, _wgmma_time
+
+    for dtype in DTYPES:
+        d = _decide(ContractionProblem(m, n, k, operand_dtype=dtype), H200)
+        assert d.config.is_wgmma
+        assert all(_wgmma_time(d.chosen, d.config.mma) <= _wgmma_time(c, d.config.mma) for c in d.tried)
+
+
+def test_wgmma_tiles_measured_on_the_h200():
+    """Decisions the efficiency table encodes (H200 measurements): 4096x768x3072 TF32 in one partial
+    wave of 256x128 (162 TFLOP/s against 122 for three waves of 128x64); the GPT-2 weight gradient
+    768x3072 (K = 8192) on a top-rung tile, not in five waves of 64x64 (49 TFLOP/s in a profile)."""
+    cfg = choose_tiles(ContractionProblem(4096, 768, 3072), H200)
+    assert (cfg.block_m, cfg.block_n) == (256, 128)
+    cfg = choose_tiles(ContractionProblem(768, 3072, 8192, a_layout="col"), H200)
+    assert cfg.block_m * cfg.block_n == 256 * 128
 
 
 @pytest.mark.parametrize("m, n, k", REPORT_SHAPES)
 def test_bf16_tiles_at_least_as_large_as_f32(m, n, k):
-    f32 = choose_tiles(ContractionProblem(m, n, k), H200)
-    bf16 = choose_tiles(ContractionProblem(m, n, k, operand_dtype="bfloat16"), H200)
+    f32 = choose_tiles(ContractionProblem(m, n, k), H200_MMA_SYNC)
+    bf16 = choose_tiles(ContractionProblem(m, n, k, operand_dtype="bfloat16"), H200_MMA_SYNC)
     assert bf16.block_m * bf16.block_n >= f32.block_m * f32.block_n
     assert bf16.block_k * 2 == f32.block_k * 4  # both a 128-byte row of K
 
@@ -76,9 +101,9 @@ def test_mma_sync_tiles_stop_at_128x128():
 
 
 def test_tf32_wgmma_tiles_take_two_warpgroups():
-    """MN-major TF32 operands are copied 4 bytes at a time: a 128x128 tile gets two warpgroups."""
+    """MN-major TF32 operands are copied 4 bytes at a time: a 128-row tile gets two warpgroups."""
     cfg = choose_tiles(ContractionProblem(4096, 4096, 256), H200)
-    assert (cfg.block_m, cfg.block_n, cfg.warps_m, cfg.warps_n) == (128, 128, 8, 1)
+    assert (cfg.block_m, cfg.warps_m, cfg.warps_n) == (128, 8, 1)
 
 
 def test_wgmma_goes_one_rung_up():
@@ -107,17 +132,17 @@ def test_small_problems_trade_tile_size_for_sm_fill():
 
 
 def test_stages_fall_back_4_3_2_with_the_smem_limit():
-    problem = ContractionProblem(4096, 4096, 256)  # 128x128x32 f32 tiles: 32 KiB per stage
+    problem = ContractionProblem(16384, 3072, 768)  # 128x128x32 f32 mma.sync tiles: 32 KiB per stage
     stages = {}
     for limit_kib in (227, 100, 70, 40):
-        cfg = choose_tiles(problem, dataclasses.replace(H200, smem_per_block_optin=limit_kib * KiB))
+        cfg = choose_tiles(problem, dataclasses.replace(H200_MMA_SYNC, smem_per_block_optin=limit_kib * KiB))
         assert (cfg.block_m, cfg.block_n) == (128, 128)
         assert cfg.smem_bytes <= limit_kib * KiB
         stages[limit_kib] = (cfg.stages, cfg.block_k, cfg.swizzle)
     # 40 KiB fits no 2 stages of k=32: block_k halves (a 64-byte row, so a 64-byte swizzle)
     assert stages == {227: (4, 32, 128), 100: (3, 32, 128), 70: (2, 32, 128), 40: (2, 16, 64)}
     with pytest.raises(ValueError, match="does not fit"):
-        choose_tiles(problem, dataclasses.replace(H200, smem_per_block_optin=4 * KiB))
+        choose_tiles(problem, dataclasses.replace(H200_MMA_SYNC, smem_per_block_optin=4 * KiB))
 
 
 def test_memory_side_gets_more_warps_not_a_smaller_tile():
@@ -149,8 +174,8 @@ def test_swizzle_follows_the_contiguous_row_width():
 
 
 def test_batch_counts_toward_the_waves():
-    single = choose_tiles(ContractionProblem(1024, 1024, 1024), H200)
-    batched = choose_tiles(ContractionProblem(1024, 1024, 1024, batch=16), H200)
+    single = choose_tiles(ContractionProblem(1024, 1024, 1024), H200_MMA_SYNC)
+    batched = choose_tiles(ContractionProblem(1024, 1024, 1024, batch=16), H200_MMA_SYNC)
     assert batched.block_m * batched.block_n > single.block_m * single.block_n
 
 

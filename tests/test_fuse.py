@@ -65,6 +65,28 @@ def test_elementwise_chain_is_one_kernel():
     assert fusion.kernel_count() == 1
 
 
+def _adam_leaf(p, g, m, v):
+    """One parameter's Adam update: the new moments are returned and read by the update."""
+    m = 0.9 * m + 0.1 * g
+    v = 0.999 * v + 0.001 * g * g
+    return p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), m, v
+
+
+def test_returned_values_are_extra_outputs_of_their_elementwise_user():
+    func, fusion = _fusion(_adam_leaf, *[_f32(768) for _ in range(4)])
+    assert fusion.kernel_count() == 1
+    (group,) = fusion.groups
+    assert group.kind == "elementwise"
+
+
+def test_returned_values_stay_out_of_reduction_kernels():
+    """A reduction kernel writes values of its result's shape: a returned input-shaped value it
+    reads stays in its own kernel."""
+    func, fusion = _fusion(lambda x: (jnp.exp(x), jnp.exp(x).sum(-1)), _f32(16, 128))
+    assert [g.kind for g in fusion.groups] == ["elementwise", "reduction"]
+    assert any("only an elementwise kernel writes it" in r for r in fusion.refused)
+
+
 def _grouped_run(fn, *args):
     """Run `fn` through the CPU backend with one kernel per fusion group (the GPU plan)."""
     import jnova
@@ -78,6 +100,7 @@ def _grouped_run(fn, *args):
     (lambda x: jax.nn.softmax(x, axis=-1), [(16, 128)], 4),
     (lambda x, y: (jnp.exp(x) + y, jnp.exp(x) * y), [(64,), (64,)], 3),
     (lambda x, w: (jnp.tanh(x) @ w).sum(0), [(8, 16), (16, 4)], 3),
+    (_adam_leaf, [(300,), (300,), (300,), (300,)], 1),
 ])
 def test_grouped_plan_matches_jit(fn, shapes, kernels):
     args = [_f32(*s) for s in shapes]

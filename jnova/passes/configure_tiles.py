@@ -11,6 +11,8 @@ The rules (Nova report, section 4.4):
 2. SM fill: from that rung down, the first whose tiles make at least one full wave with
    `FILL_EFFICIENCY` of the SM slots busy (waves = ceil(tiles / SMs)), or, for a problem too small for
    any, the best fill; within a rung the orientation with the better fill, then intensity, wins.
+   wgmma weighs every rung instead: waves x tile area / the rung's measured relative efficiency
+   (`WGMMA_TILE_EFFICIENCY`), so a partial wave of 256x128 tiles beats five waves of 64x64 ones.
 3. Scoring: the schedule's intensity uses tile-aware traffic (an operand panel that fits in L2 is read
    once, otherwise once per pass the tiling makes over it). Below the balance point (memory side) the
    tile keeps its size and gets twice the warps.
@@ -48,6 +50,10 @@ MAX_WARPS = 16
 _REGS_OVERHEAD = 160
 MMA_SYNC_MAX_RUNG = 2  # 128x128: 8 warps of 64x32 warp tiles
 _MBARRIER_BYTES_PER_STAGE = 16  # full + empty mbarrier of a TMA/wgmma pipeline stage
+# One SM's throughput on a wgmma tile of each rung, relative to the top rung's (H200, GPT-2 shapes,
+# benchmarks/matmul.py --variants, 2026-11-30): TF32 128x64 0.67-0.75, 128x128 0.63-0.75, 64x64 ~0.4
+# (MN-major TF32 operands are copied 4 bytes at a time); bf16 128x64 0.78-1.03, 128x128 0.8-1.05.
+WGMMA_TILE_EFFICIENCY = {"tf32": (0.4, 0.7, 0.68, 1.0), "16-bit": (0.5, 0.85, 0.85, 1.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,12 +234,17 @@ def _decide(problem: ContractionProblem, target: Target) -> _Decision:
         top = min(rung, MMA_SYNC_MAX_RUNG)
     tried, chosen = [], None
     for r in range(top, -1, -1):
-        best = max((_score(problem, target, bm, bn) for bm, bn in TILE_LADDER[r]), key=lambda c: _rank(problem, c))
+        best = max((_score(problem, target, bm, bn) for bm, bn in TILE_LADDER[r]),
+                   key=lambda c: _rank(problem, c, mma))
         tried.append(best)
+        if mma.startswith("wgmma"):
+            continue  # all rungs are weighed below
         if best.tiles >= target.sm_count and best.fill >= FILL_EFFICIENCY:
             chosen = best
             break
-    if chosen is None:  # too small for a full wave at any rung: the best fill (larger tile on ties)
+    if mma.startswith("wgmma"):
+        chosen = min(tried, key=lambda c: _wgmma_time(c, mma))
+    elif chosen is None:  # too small for a full wave at any rung: the best fill (larger tile on ties)
         chosen = max(tried, key=lambda c: (round(c.fill, 6), c.block_m * c.block_n))
     memory_side = chosen.intensity < balance
     if chosen.block_m % 64:  # wgmma's m is 64
@@ -241,6 +252,15 @@ def _decide(problem: ContractionProblem, target: Target) -> _Decision:
     warps_m, warps_n = _warps(chosen.block_m, chosen.block_n, mma, memory_side, target)
     config = _pipeline(problem, chosen.block_m, chosen.block_n, warps_m, warps_n, mma, target)
     return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config)
+
+
+def _wgmma_time(c: _Candidate, mma: str) -> float:
+    """A wgmma tiling's time, in units of one SM's time on a top-rung tile area: waves x tile area /
+    the rung's relative efficiency. A small tile finishes sooner but computes slower (fewer FLOP per
+    shared-memory byte, more copy work per FLOP), so a partial wave of large tiles can win."""
+    rung = next(i for i, tiles in enumerate(TILE_LADDER) if (c.block_m, c.block_n) in tiles)
+    efficiency = WGMMA_TILE_EFFICIENCY["tf32" if "tf32" in mma else "16-bit"][rung]
+    return c.waves * c.block_m * c.block_n / efficiency
 
 
 def _mma_kind(operand_dtype: str, target: Target) -> str:
@@ -274,10 +294,15 @@ def _score(problem: ContractionProblem, target: Target, bm: int, bn: int) -> _Ca
     return _Candidate(bm, bn, tiles, waves, fill, traffic, problem.flops / traffic)
 
 
-def _rank(problem: ContractionProblem, c: _Candidate) -> tuple:
-    """Orientation order within a rung: fill, then intensity, then the long tile side along the long dim."""
+def _rank(problem: ContractionProblem, c: _Candidate, mma: str = "") -> tuple:
+    """Orientation order within a rung: fill, then (TF32 wgmma) fewer elements of MN-major operands
+    per k row, which are transposed by 4-byte copies, then intensity, then the long tile side along
+    the long dim."""
     along_long_side = (c.block_m >= c.block_n) == (problem.m >= problem.n)
-    return (round(c.fill, 6), round(c.intensity, 6), along_long_side)
+    transposed = 0
+    if "wgmma_tf32" in mma:
+        transposed = (c.block_m if problem.a_layout == "col" else 0) + (c.block_n if problem.b_layout == "row" else 0)
+    return (round(c.fill, 6), -transposed, round(c.intensity, 6), along_long_side)
 
 
 def _warps(bm: int, bn: int, mma: str, memory_side: bool, target: Target) -> tuple[int, int]:

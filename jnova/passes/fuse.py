@@ -3,7 +3,9 @@
 Rules (the Nova report, section 4.1), applied to a fixpoint:
 - producer/consumer fusion: a producer's group joins its consumer's group when every user of the
   producer's values is in that group (the report's single-use rule, generalised from one user op to
-  one user kernel: nothing is computed twice) and no value of it is returned;
+  one user kernel: nothing is computed twice); a value the step returns joins only an elementwise
+  consumer, whose kernel then writes it as one more output at the same points (an optimizer's new
+  moments and its parameter update: one kernel per parameter, not three);
 - index remaps fuse like elementwise ops: each element of a broadcast, reshape, transpose, slice,
   reverse, pad, concatenate, dynamic_slice or gather reads one element of an operand at an index
   computed from its own, so a kernel reads its inputs through them ("rather than running a separate
@@ -175,8 +177,9 @@ class _Groups:
         outside = {u for u in escaping if self.group[u] != c}
         if outside:
             return f"{len(outside) + 1} user kernels (a producer fuses into its only user)"
-        if any(r in self.returned for op in self.members[p] for r in op.results):
-            return "its result is returned"
+        if (pk != "elementwise" or ck != "elementwise") and any(
+                r in self.returned for op in self.members[p] for r in op.results):
+            return "its result is returned (only an elementwise kernel writes it as an extra output)"
         return self.placement_refusal(self.members[p] | self.members[c])
 
     def placement_refusal(self, members: set[Op]) -> str | None:

@@ -13,8 +13,8 @@ in the program:
   broadcast in the backward pass) in bf16, with an error that grows like sqrt(n) u of the terms, where jnova
   accumulates in f32 (docs/bad_inputs.md, "Known differences"); rtol = 4 u and atol = 4 u sqrt(n).
 - on a GPU, contractions in f32 run as TF32 in XLA by default and in jnova's tensor-core kernels: the
-  comparison runs `jax.jit` at full f32 precision and allows TF32's u = 2**-11 (every program contracts:
-  its loss is a vdot of each output with its seed).
+  comparison runs `jax.jit` at full f32 precision and allows TF32's u = 2**-10 (truncated operands, as
+  wgmma reads them; every program contracts: its loss is a vdot of each output with its seed).
 - n, the longest sum: of the program's reductions and contractions, and of its loss (the size of the
   largest output).
 - where XLA's own result is far from exact (cancellation), or where XLA skips a bf16 rounding the program
@@ -37,7 +37,9 @@ import numpy as np
 import jnova
 from difftest.program import Program, widen
 
-F32_U, TF32_U, BF16_U = 2.0**-24, 2.0**-11, 2.0**-8
+# TF32: wgmma (sm_90) drops the 13 low mantissa bits of its f32 operands (truncation: 2**-10, where
+# rounding them, as mma.sync kernels and XLA do, gives 2**-11)
+F32_U, TF32_U, BF16_U = 2.0**-24, 2.0**-10, 2.0**-8
 NOISE_FACTOR = 4
 NOISE_SAMPLES = 3
 

@@ -53,3 +53,37 @@ def test_gpt2_124m_loss_and_gradients_match_jit(mixed_precision):
           f"worst {errors[worst]:.1e} at {worst}")
     assert loss_err < loss_tol
     assert errors[worst] < grad_tol, {k: f"{v:.1e}" for k, v in sorted(errors.items(), key=lambda kv: -kv[1])[:8]}
+
+
+def test_gpt2_124m_adamw_step_matches_jit():
+    """The whole training step (loss, gradients, AdamW): the new moments like gradients (relative
+    error in norm per leaf), the new parameters within AdamW's step bound. Adam's first update is
+    +-lr per element whatever the gradient's size, so where a gradient is rounding noise (the key
+    bias: softmax is shift-invariant) its sign, and the update, may differ by 2 lr."""
+    config, lr = gpt2.GPTConfig(), 6e-4
+    module, optimizer = gpt2.GPT(config), gpt2.make_optimizer(lr)
+    params = gpt2.init_params(module, jax.random.key(2), 1024)
+    state = optimizer.init(params)
+    tokens = np.random.default_rng().integers(0, config.vocab_size, (8, 1025)).astype(np.int32)
+    step = gpt2.make_train_step(module, optimizer)
+    args = (params, state, tokens[:, :-1], tokens[:, 1:])
+
+    got = jnova.compile(step)(*args)
+    with jax.default_matmul_precision("tensorfloat32"):
+        want = jax.jit(step)(*args)
+
+    assert abs(float(got[2]) - float(want[2])) < 2e-3 * abs(float(want[2]))
+    worst = {"params": 0.0, "mu": 0.0, "nu": 0.0}
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[:2]), jax.tree.leaves(want[:2])):
+        g, w, name = np.asarray(g, np.float64), np.asarray(w, np.float64), jax.tree_util.keystr(path)
+        assert np.isfinite(g).all(), name
+        if name.startswith("[0]"):  # parameters: |difference| within two updates of lr (+ decay)
+            worst["params"] = max(worst["params"], np.abs(g - w).max() / lr)
+        elif ".mu" in name or ".nu" in name:
+            kind = "mu" if ".mu" in name else "nu"
+            worst[kind] = max(worst[kind], np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30))
+        else:  # the step count
+            np.testing.assert_array_equal(g, w)
+    print(f"AdamW step: loss {float(got[2]):.6f} vs {float(want[2]):.6f}; worst |dparams|/lr "
+          f"{worst['params']:.2f}, mu rel err {worst['mu']:.1e}, nu rel err {worst['nu']:.1e}")
+    assert worst["params"] <= 2.01 and worst["mu"] < 2e-2 and worst["nu"] < 4e-2

@@ -33,6 +33,7 @@ from jnova.passes.cse import cse
 from jnova.passes.dce import dce
 from jnova.passes.form_kernels import form_kernels, kernels_from_fusion, plan_to_json, split_contraction_epilogues
 from jnova.passes.fuse import fuse
+from jnova.passes.align_contractions import align_contractions
 from jnova.passes.mixed_precision import demote_contractions
 from jnova.primitives import backends
 from jnova.primitives.executor import step_function
@@ -129,10 +130,13 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
             demote_contractions(func)
     with stage("dce"):                  # drop what the step does not return
         dce(func, keep_sites={i for i, e in enumerate(program.sites) if e.effects})
+    per_group = options.kernels == "fused" or (options.kernels == "auto" and backend == "gpu")
+    if per_group:
+        with stage("align"):            # the GPU plan: contraction operands in whole 16-byte rows
+            align_contractions(func)
     nova_text = "module {\n" + func.print() + "\n}\n"
     with stage("fuse"):                 # fusion groups, with a reason for every refused fusion
         fusion = fuse(func)
-    per_group = options.kernels == "fused" or (options.kernels == "auto" and backend == "gpu")
     with stage("form_kernels"):         # GPU: a kernel per group; CPU: per run between fallbacks
         groups = split_contraction_epilogues(fusion.groups) if backend == "gpu" else fusion.groups
         plan = kernels_from_fusion(func, groups) if per_group else form_kernels(func)

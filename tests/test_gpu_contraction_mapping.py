@@ -1,4 +1,6 @@
 """Which nova.matmul ops the GPU contraction kernels take, and as which problem."""
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -42,3 +44,36 @@ def test_contractions_left_to_xla_say_why(spec, a, b, why):
 def test_bf16_operands_accumulate_in_f32():
     problem, reason = _matmul("mk,kn->mn", (64, 32), (32, 48), jnp.bfloat16)
     assert reason is None and problem.operand_dtype == "bfloat16" and problem.out_dtype == "float32"
+
+
+def _gpu_plan(fn, *shapes):
+    import jnova
+
+    args = [np.random.default_rng().standard_normal(s, np.float32) for s in shapes]
+    return jnova.compile(fn, target="h200").lower(*args)
+
+
+@pytest.mark.parametrize("fn,shapes,extras", [
+    (lambda x, w, b: x @ w + b, [(2, 64, 32), (32, 48), (48,)], ["%bias"]),
+    (lambda x, w, b, r: r + (x @ w + b), [(2, 64, 32), (32, 48), (48,), (2, 64, 48)], ["%bias", "%residual"]),
+    (lambda x, w, r: x @ w + r, [(64, 32), (32, 48), (64, 48)], ["%residual"]),
+])
+def test_bias_and_residual_are_the_contraction_kernels_epilogue(fn, shapes, extras):
+    """A Dense layer's bias (and a residual) are added in the contraction kernel's registers: one
+    kernel, whose parameters are A, B, bias, residual, C."""
+    lowered = _gpu_plan(fn, *shapes)
+    assert lowered.stats()["kernels"] == 1
+    (line,) = lowered.as_text("launches").splitlines()
+    assert "matmul[wgmma]" in line
+    assert _params(lowered.as_text("gpu"))[0] == ["%a", "%b", *extras, "%c"]
+
+
+def _params(gpu: str) -> list[list[str]]:
+    """Each gpu.func's parameter names."""
+    return [re.findall(r"(%\w+): memref", f.split(") kernel")[0]) for f in gpu.split("gpu.func @")[1:]]
+
+
+def test_other_epilogues_are_a_kernel_of_their_own():
+    lowered = _gpu_plan(lambda x, w, b: jnp.tanh(x @ w + b), (64, 32), (32, 48), (48,))
+    assert lowered.stats()["kernels"] == 2
+    assert ["%a", "%b", "%c"] in _params(lowered.as_text("gpu"))

@@ -92,17 +92,18 @@ def plan_to_json(plan: Plan) -> dict:
 
 
 def split_contraction_epilogues(groups) -> list:
-    """Each contraction group as two: the matmul, then its epilogue as an elementwise group.
+    """Each contraction group whose epilogue the GPU contraction kernels do not compute (they add a
+    bias and a residual in registers) as two: the matmul, then its epilogue as an elementwise group.
 
-    For a backend whose contraction kernels do not yet take a fused epilogue: the result goes
-    through memory once more, but every other fusion stays.
+    The result goes through memory once more, but every other fusion stays.
     """
+    from jnova.codegen.gpu.contraction import epilogue_of
     from jnova.passes.fuse import Group
 
     out = []
     for g in groups:
         matmuls = [op for op in g.ops if op.name == "nova.matmul"]
-        if g.kind != "contraction" or len(g.ops) == 1 or len(matmuls) != 1:
+        if g.kind != "contraction" or len(g.ops) == 1 or len(matmuls) != 1 or epilogue_of(g.ops)[0] is not None:
             out.append(g)
             continue
         out.append(Group(matmuls, "contraction", matmuls[0]))
@@ -135,6 +136,10 @@ def kernels_from_fusion(func: Func, groups) -> Plan:
                 if v not in defined and v not in seen:
                     seen.add(v)
                     inputs.append(v)
+        if g.kind == "contraction":  # the contraction kernel's parameter order: A, B, then the bias it
+            matmul = next(op for op in g.ops if op.name == "nova.matmul")  # broadcasts, then the rest
+            bias = {op.operands[0] for op in g.ops if op.name == "nova.broadcast"}
+            inputs.sort(key=lambda v: (matmul.operands.index(v) if v in matmul.operands else 2 + (v not in bias)))
         outputs = [r for op in g.ops for r in op.results
                    if r in returned or any(gj != gi and op not in members[gj] for gj in readers.get(r, ()))]
         if outputs:

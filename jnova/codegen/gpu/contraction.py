@@ -1,4 +1,5 @@
-"""A kernel that is one `nova.matmul` as the contraction builder's problem: C[b,M,N] = A[b] @ B[b].
+"""A kernel that is one `nova.matmul` (plus a bias / residual epilogue) as the contraction builder's
+problem: C[b,M,N] = A[b] @ B[b] (+ bias[N]) (+ residual[b,M,N]).
 
 `nova.matmul` has general dot_general dimension numbers; the kernels take A as [M,K] or [K,M] and
 B as [K,N] or [N,K] with leading batch dims. A matmul fits when its batch dims lead (in order) on
@@ -8,6 +9,7 @@ the tiles (report, section 4.4).
 """
 from __future__ import annotations
 
+import math
 from math import prod
 
 from jnova.dialect.ir import Op
@@ -60,18 +62,93 @@ def contraction_problem(op: Op):
     return problem, None
 
 
+def epilogue_of(ops) -> tuple:
+    """(MatmulEpilogue, None) when `ops` are one matmul and an epilogue the matmul kernels compute in
+    registers: an optional reshape of its result, then `+ broadcast(bias)` over the last dim and/or
+    `+ residual` (a value of the result's shape), all f32 adds; (None, reason) otherwise. A lone
+    matmul has the empty epilogue."""
+    from jnova.codegen.gpu.matmul_epilogue import ELEMENT, MatmulEpilogue
+
+    copies = [op for op in ops if op.name in ("nova.constant",)]
+    ops = [op for op in ops if op not in copies]
+    if not ops or ops[0].name != "nova.matmul" or copies:
+        return None, "not a nova.matmul (and an epilogue)"
+    value, bias, residual = ops[0].results[0], None, None
+    members = {op for op in ops}
+    rest = ops[1:]
+    if rest and rest[0].name == "nova.reshape" and rest[0].operands[0] is value:
+        value = rest[0].results[0]
+        rest = rest[1:]
+    shape = value.type.shape
+    for op in rest:
+        if op.name in ("nova.broadcast", "nova.reshape") and op.results[0] is not value:
+            continue  # the bias's reshape and broadcast: checked where an add reads them
+        if op.name != "nova.add" or value not in op.operands or op.results[0].type.dtype != "float32":
+            return None, f"a {op.name.removeprefix('nova.')} in the epilogue (only bias and residual adds)"
+        other = op.operands[1] if op.operands[0] is value else op.operands[0]
+        owner = other.owner
+        if owner is not None and owner in members and owner.name == "nova.broadcast":
+            x = _bias_vector(owner, members, shape)
+            if bias is not None or x is None:
+                return None, "a broadcast that is not one bias over the last dim"
+            bias = x
+        else:
+            if residual is not None or other.type.shape != shape or (owner is not None and owner in members):
+                return None, "an addend that is neither a bias nor a residual of the result's shape"
+            residual = other
+        value = op.results[0]
+    used = {op for op in rest if op.name == "nova.add"}
+    for op in rest:
+        if op not in used and op.results[0] is not ops[0].results[0] and not any(
+                r is u for u2 in rest for u in u2.operands for r in op.results):
+            return None, f"a {op.name.removeprefix('nova.')} whose result nothing in the epilogue reads"
+    for name, x in (("bias", bias), ("residual", residual)):
+        if x is not None and x.type.dtype not in ELEMENT:
+            return None, f"{name} of dtype {x.type.dtype}"
+    epilogue = MatmulEpilogue(bias=bias.type.dtype if bias is not None else None,
+                              residual=residual.type.dtype if residual is not None else None)
+    return (epilogue, (bias, residual, value)), None
+
+
+def _bias_vector(broadcast, members, shape):
+    """The [N] vector that `broadcast` (through broadcasts and reshapes of the group that only add or
+    drop unit dims) spreads over the last dim of `shape`, or None."""
+    n, v = shape[-1], broadcast.results[0]
+    while v.owner is not None and v.owner in members and v.owner.name in ("nova.broadcast", "nova.reshape"):
+        op, x = v.owner, v.owner.operands[0]
+        if x.type.shape[-1:] != (n,):
+            return None
+        if op.name == "nova.broadcast" and list(op.attrs["dims"])[-1] != v.type.rank - 1:
+            return None
+        if op.name == "nova.reshape" and (math.prod(x.type.shape) != n or math.prod(v.type.shape) != n):
+            return None
+        if op.name == "nova.broadcast" and any(x.type.shape[i] != 1 for i in range(x.type.rank - 1)):
+            return None
+        v = x
+    return v if v.type.shape == (n,) else None
+
+
 def contraction_refusal(kernel) -> str | None:
-    """Why `kernel` is not a single contraction the matmul kernels compute, or None."""
-    if len(kernel.ops) != 1 or kernel.ops[0].name != "nova.matmul":
-        return "not a single nova.matmul"
-    op = kernel.ops[0]
-    if op.operands[0] is op.operands[1] or [v for v in kernel.inputs] != list(op.operands):
-        return "the two operands are one value"
+    """Why `kernel` is not a contraction (with a bias / residual epilogue) the matmul kernels
+    compute, or None."""
+    found, reason = epilogue_of(kernel.ops)
+    if found is None:
+        return reason
+    op = kernel.ops[next(i for i, o in enumerate(kernel.ops) if o.name == "nova.matmul")]
+    _, (bias, residual, out) = found
+    expected = [*op.operands, *(x for x in (bias, residual) if x is not None)]
+    if op.operands[0] is op.operands[1] or len(set(map(id, expected))) != len(expected) \
+            or list(kernel.inputs) != expected:
+        return "the operands, bias and residual are not distinct inputs in kernel parameter order"
+    if list(kernel.outputs) != [out]:
+        return "the kernel writes more than the epilogue's result"
     return contraction_problem(op)[1]
 
 
 def build_contraction(kernel, target):
     from jnova.codegen.gpu.matmul import matmul_module  # it imports the module that imports this one
 
-    problem, _ = contraction_problem(kernel.ops[0])
-    return matmul_module(problem, choose_tiles(problem, target), target, None, kernel.name)
+    op = next(o for o in kernel.ops if o.name == "nova.matmul")
+    (epilogue, _), _ = epilogue_of(kernel.ops)
+    problem, _ = contraction_problem(op)
+    return matmul_module(problem, choose_tiles(problem, target), target, epilogue, kernel.name)

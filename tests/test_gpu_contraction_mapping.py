@@ -77,3 +77,11 @@ def test_other_epilogues_are_a_kernel_of_their_own():
     lowered = _gpu_plan(lambda x, w, b: jnp.tanh(x @ w + b), (64, 32), (32, 48), (48,))
     assert lowered.stats()["kernels"] == 2
     assert ["%a", "%b", "%c"] in _params(lowered.as_text("gpu"))
+
+
+def test_a_bias_over_part_of_the_columns_is_not_the_kernels():
+    """B with two free dims: the result's last dim is 8 of its 48 columns, so a bias over it is not
+    the kernel's per-column bias (the epilogue stays a kernel of its own)."""
+    lowered = _gpu_plan(lambda x, w, b: jnp.einsum("mk,kpq->mpq", x, w) + b, (64, 32), (32, 6, 8), (8,))
+    assert lowered.stats()["kernels"] == 2
+

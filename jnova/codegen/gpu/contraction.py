@@ -81,8 +81,8 @@ def epilogue_of(ops) -> tuple:
         rest = rest[1:]
     shape = value.type.shape
     for op in rest:
-        if op.name in ("nova.broadcast", "nova.reshape") and op.results[0] is not value:
-            continue  # the bias's reshape and broadcast: checked where an add reads them
+        if op.name in ("nova.broadcast", "nova.reshape") and op.operands[0] is not value:
+            continue  # off the result's chain (the bias's reshape and broadcast): checked where an add reads them
         if op.name != "nova.add" or value not in op.operands or op.results[0].type.dtype != "float32":
             return None, f"a {op.name.removeprefix('nova.')} in the epilogue (only bias and residual adds)"
         other = op.operands[1] if op.operands[0] is value else op.operands[0]
@@ -102,6 +102,9 @@ def epilogue_of(ops) -> tuple:
         if op not in used and op.results[0] is not ops[0].results[0] and not any(
                 r is u for u2 in rest for u in u2.operands for r in op.results):
             return None, f"a {op.name.removeprefix('nova.')} whose result nothing in the epilogue reads"
+    _, rhs_free = ops[0].free_dims()
+    if bias is not None and bias.type.shape != (prod(ops[0].operands[1].type.shape[d] for d in rhs_free),):
+        return None, "a bias that is not one value per column of the contraction's result"
     for name, x in (("bias", bias), ("residual", residual)):
         if x is not None and x.type.dtype not in ELEMENT:
             return None, f"{name} of dtype {x.type.dtype}"

@@ -194,6 +194,8 @@ class TileCopier:
         offsets so they fold into the addresses instead of holding registers."""
         t = self.tile
         if t.transposed:
+            if self.elements <= 0:
+                raise ValueError(f"operand {t.name}: a transposed tile's copier needs the buffer's element count")
             self._prepare_transposed(em, tid)
             return
         vec = t.vector

@@ -126,20 +126,23 @@ def diagnose_wgmma(target, records_note: list) -> None:
             records_note.append(line)
 
 
+def no_store(ctx, epilogue, fragments) -> None:
+    """An epilogue that sums the accumulators and stores the sum only if it is an impossible value:
+    the main loop runs in full, C is not written."""
+    em = ctx.em
+    total = fragments[0].values[0]
+    for f in fragments:
+        for v in f.values:
+            total = em.op(f"arith.addf {total}, {v} : f32")
+    never = em.op(f"arith.cmpf oeq, {total}, {em.op('arith.constant 1.25e+38 : f32')} : f32")
+    with em.region(f"scf.if {never} {{"):
+        em.line(f"memref.store {total}, {ctx.memrefs['c'][0]}[{em.index(0)}] : {ctx.memrefs['c'][1]}")
+
+
 def mainloop_only(target, shapes, dtypes, notes: list) -> None:
     """Time the configurator's kernel with its stores removed (the accumulators are summed and stored
     only if the sum is an impossible value), to see what the epilogue costs."""
     from jnova.codegen.gpu import matmul as matmul_module
-
-    def no_store(ctx, epilogue, fragments):
-        em = ctx.em
-        total = fragments[0].values[0]
-        for f in fragments:
-            for v in f.values:
-                total = em.op(f"arith.addf {total}, {v} : f32")
-        never = em.op(f"arith.cmpf oeq, {total}, {em.op('arith.constant 1.25e+38 : f32')} : f32")
-        with em.region(f"scf.if {never} {{"):
-            em.line(f"memref.store {total}, {ctx.memrefs['c'][0]}[{em.index(0)}] : {ctx.memrefs['c'][1]}")
 
     original = matmul_module.store_fragments
     for dtype in dtypes:
@@ -253,11 +256,16 @@ def main(argv=None) -> int:
         print(f"{case:>18} {dtype:>9} {impl:>13} {ours} {flops / t_xla / 1e12:9.1f} {ratio} "
               f"{err if err is None else format(err, '.1e'):>8}  {note}")
     records += accuracy(target, base)
+    append_records("matmul.jsonl", records)
+    return 0
+
+
+def append_records(filename: str, records: list[dict]) -> None:
+    """One JSON line per record, appended to $OUT/<filename> when OUT is set."""
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, "matmul.jsonl"), "a") as f:
+        with open(os.path.join(out, filename), "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
-    return 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -20,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from matmul import jnova_call, relative_error, timed  # noqa: E402
+from matmul import append_records, jnova_call, no_store, relative_error, timed  # noqa: E402
 
 from jnova.codegen.gpu import matmul as matmul_module  # noqa: E402
 from jnova.codegen.gpu.matmul import build_matmul  # noqa: E402
@@ -29,18 +28,6 @@ from jnova.primitives.gpu_lowering import register_gpu_lowering  # noqa: E402
 from jnova.runtime.target import get_target  # noqa: E402
 
 LAYOUT = {"r": "row", "c": "col"}
-
-
-def no_store(ctx, epilogue, fragments):
-    """The epilogue replaced by a sum of the accumulators stored only if it is an impossible value."""
-    em = ctx.em
-    total = fragments[0].values[0]
-    for f in fragments:
-        for v in f.values:
-            total = em.op(f"arith.addf {total}, {v} : f32")
-    never = em.op(f"arith.cmpf oeq, {total}, {em.op('arith.constant 1.25e+38 : f32')} : f32")
-    with em.region(f"scf.if {never} {{"):
-        em.line(f"memref.store {total}, {ctx.memrefs['c'][0]}[{em.index(0)}] : {ctx.memrefs['c'][1]}")
 
 
 def build(problem, config, target, stores: bool, name: str):
@@ -105,10 +92,7 @@ def main(argv=None) -> int:
                     line.append(f"{impl} {problem.flops / t / 1e12:6.1f}")
                 line.append(f"[{config}]")
             print(" | ".join(line), flush=True)
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "matmul_layouts.jsonl"), "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+    append_records("matmul_layouts.jsonl", records)
     return 0
 
 

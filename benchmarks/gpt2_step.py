@@ -68,17 +68,6 @@ def compile_step(impl: str, dtype: str, step, batch):
         return jax.jit(step).lower(*batch).compile(), None
 
 
-def command_buffers(run, compiled, batch) -> int:
-    """Command buffers (CUDA graphs) in XLA's optimized step: how many groups of launches XLA
-    replays as one graph rather than launching each kernel."""
-    if compiled is None:  # jax.jit's AOT-compiled step
-        text = run.as_text()
-    else:  # jnova's step: jax reuses the compile its first call made
-        executable = compiled._executable(batch, {})
-        text = executable.run.lower(*jax.tree_util.tree_leaves(batch)).compile().as_text()
-    return text.count("command_buffer")
-
-
 def main():
     p = parser(steps=20)
     p.add_argument("--label", default="")
@@ -127,7 +116,6 @@ def main():
         {**base, "metric": "dispatch_ms", "value": statistics.median(dispatch) * 1e3},
         {**base, "metric": "loss", "value": float(first[2])},
     ]
-    records.append({**base, "metric": "command_buffers", "value": command_buffers(run, compiled, (params, state, x, y))})
     if args.impl == "jnova":
         stats = compiled.stats()[0]
         records.append({**base, "metric": "stage_s", "value": {k: round(v, 3) for k, v in stats["compile_s"].items()}})

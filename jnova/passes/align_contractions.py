@@ -65,20 +65,22 @@ def _align(op: Op, padded: dict) -> tuple[list[Op], list[Op]]:
     last_l, last_r = lhs.type.rank - 1, rhs.type.rank - 1
     pads = {0: {}, 1: {}}  # operand -> {dim: new size}
     slice_dim = None
-    # K: contiguous in A (A as [M, K]) or in B (B as [N, K]) as a single last dim
-    k_dims = list(zip(a["lhs_contract"], a["rhs_contract"]))
-    for li, ri in k_dims:
-        size = lhs.type.shape[li]
-        contiguous = (li == last_l and list(a["lhs_contract"]) == [li]) or (ri == last_r and list(a["rhs_contract"]) == [ri])
-        if contiguous and size % per_chunk:
-            new = -(-size // per_chunk) * per_chunk
-            pads[0][li], pads[1][ri] = new, new
+
+    def rounded(size: int) -> int:
+        return -(-size // per_chunk) * per_chunk
+
+    # K: one contracting dim, contiguous in A (A as [M, K]) or in B (B as [N, K])
+    if len(a["lhs_contract"]) == 1:
+        (li,), (ri,) = a["lhs_contract"], a["rhs_contract"]
+        if li == last_l or ri == last_r:
+            if lhs.type.shape[li] % per_chunk:
+                pads[0][li] = pads[1][ri] = rounded(lhs.type.shape[li])
     nb = len(a["lhs_batch"])
     if lhs_free == [last_l] and lhs.type.shape[last_l] % per_chunk:  # A as [K, M]: M contiguous
-        pads[0][last_l] = -(-lhs.type.shape[last_l] // per_chunk) * per_chunk
+        pads[0][last_l] = padded_size = rounded(lhs.type.shape[last_l])
         slice_dim = nb
-    if rhs_free == [last_r] and rhs.type.shape[last_r] % per_chunk and slice_dim is None:  # B as [K, N]
-        pads[1][last_r] = -(-rhs.type.shape[last_r] // per_chunk) * per_chunk
+    elif rhs_free == [last_r] and rhs.type.shape[last_r] % per_chunk:  # B as [K, N]: N contiguous
+        pads[1][last_r] = padded_size = rounded(rhs.type.shape[last_r])
         slice_dim = nb + len(lhs_free)
     if not pads[0] and not pads[1]:
         return [], []
@@ -101,8 +103,7 @@ def _align(op: Op, padded: dict) -> tuple[list[Op], list[Op]]:
         return before, []
     old = op.results[0]
     shape = list(old.type.shape)
-    shape[slice_dim] = (op.operands[0].type.shape[last_l] if slice_dim == nb and lhs_free == [last_l]
-                        else op.operands[1].type.shape[last_r])
+    shape[slice_dim] = padded_size
     op.results[0] = Value(TensorType(tuple(shape), old.type.dtype), op, 0)
     cut = SliceOp([op.results[0]], [old.type], {"start": (0,) * len(shape), "limit": tuple(old.type.shape),
                                                 "strides": (1,) * len(shape)}, loc=op.loc)

@@ -9,7 +9,6 @@ the tiles (report, section 4.4).
 """
 from __future__ import annotations
 
-import math
 from math import prod
 
 from jnova.dialect.ir import Op
@@ -63,47 +62,42 @@ def contraction_problem(op: Op):
 
 
 def epilogue_of(ops) -> tuple:
-    """(MatmulEpilogue, None) when `ops` are one matmul and an epilogue the matmul kernels compute in
-    registers: an optional reshape of its result, then `+ broadcast(bias)` over the last dim and/or
-    `+ residual` (a value of the result's shape), all f32 adds; (None, reason) otherwise. A lone
-    matmul has the empty epilogue."""
+    """(MatmulEpilogue, (bias, residual, result)) when `ops` are one matmul and an epilogue the matmul
+    kernels compute in registers: an optional reshape of its result, then `+ broadcast(bias)` over the
+    last dim and/or `+ residual` (a value of the result's shape), all f32 adds; (None, reason)
+    otherwise. A lone matmul has the empty epilogue."""
     from jnova.codegen.gpu.matmul_epilogue import ELEMENT, MatmulEpilogue
 
-    copies = [op for op in ops if op.name in ("nova.constant",)]
-    ops = [op for op in ops if op not in copies]
-    if not ops or ops[0].name != "nova.matmul" or copies:
-        return None, "not a nova.matmul (and an epilogue)"
-    value, bias, residual = ops[0].results[0], None, None
-    members = {op for op in ops}
-    rest = ops[1:]
-    if rest and rest[0].name == "nova.reshape" and rest[0].operands[0] is value:
-        value = rest[0].results[0]
-        rest = rest[1:]
-    shape = value.type.shape
-    for op in rest:
-        if op.name in ("nova.broadcast", "nova.reshape") and op.operands[0] is not value:
-            continue  # off the result's chain (the bias's reshape and broadcast): checked where an add reads them
+    matmuls = [op for op in ops if op.name == "nova.matmul"]
+    if len(matmuls) != 1:
+        return None, "not one nova.matmul (and an epilogue)"
+    matmul, members = matmuls[0], set(ops)
+    value, bias, residual, computed = matmul.results[0], None, None, {matmul}
+    for op in ops:  # program order: the result's reshape, then its adds
+        if op is matmul or (op.name in ("nova.broadcast", "nova.reshape") and op.operands[0] is not value):
+            continue  # the bias's reshapes and broadcasts: taken where an add reads them
+        if op.name == "nova.reshape" and value is matmul.results[0]:
+            value = op.results[0]
+            computed.add(op)
+            continue
         if op.name != "nova.add" or value not in op.operands or op.results[0].type.dtype != "float32":
             return None, f"a {op.name.removeprefix('nova.')} in the epilogue (only bias and residual adds)"
         other = op.operands[1] if op.operands[0] is value else op.operands[0]
-        owner = other.owner
-        if owner is not None and owner in members and owner.name == "nova.broadcast":
-            x = _bias_vector(owner, members, shape)
-            if bias is not None or x is None:
+        if other.owner in members and other.owner.name == "nova.broadcast" and bias is None:
+            bias, chain = _bias_vector(other.owner, members, value.type.shape)
+            if bias is None:
                 return None, "a broadcast that is not one bias over the last dim"
-            bias = x
-        else:
-            if residual is not None or other.type.shape != shape or (owner is not None and owner in members):
-                return None, "an addend that is neither a bias nor a residual of the result's shape"
+            computed |= chain
+        elif other.owner not in members and residual is None and other.type.shape == value.type.shape:
             residual = other
+        else:
+            return None, "an addend that is neither a bias nor a residual of the result's shape"
+        computed.add(op)
         value = op.results[0]
-    used = {op for op in rest if op.name == "nova.add"}
-    for op in rest:
-        if op not in used and op.results[0] is not ops[0].results[0] and not any(
-                r is u for u2 in rest for u in u2.operands for r in op.results):
-            return None, f"a {op.name.removeprefix('nova.')} whose result nothing in the epilogue reads"
-    _, rhs_free = ops[0].free_dims()
-    if bias is not None and bias.type.shape != (prod(ops[0].operands[1].type.shape[d] for d in rhs_free),):
+    if computed != members:
+        return None, "ops the epilogue does not compute"
+    _, rhs_free = matmul.free_dims()
+    if bias is not None and bias.type.shape != (prod(matmul.operands[1].type.shape[d] for d in rhs_free),):
         return None, "a bias that is not one value per column of the contraction's result"
     for name, x in (("bias", bias), ("residual", residual)):
         if x is not None and x.type.dtype not in ELEMENT:
@@ -113,22 +107,19 @@ def epilogue_of(ops) -> tuple:
     return (epilogue, (bias, residual, value)), None
 
 
-def _bias_vector(broadcast, members, shape):
-    """The [N] vector that `broadcast` (through broadcasts and reshapes of the group that only add or
-    drop unit dims) spreads over the last dim of `shape`, or None."""
-    n, v = shape[-1], broadcast.results[0]
-    while v.owner is not None and v.owner in members and v.owner.name in ("nova.broadcast", "nova.reshape"):
+def _bias_vector(broadcast, members, shape) -> tuple:
+    """(the [N] vector `broadcast` spreads over the last dim of `shape`, through broadcasts and
+    reshapes of the group that only add or drop unit dims; those ops), or (None, ())."""
+    n, v, chain = shape[-1], broadcast.results[0], set()
+    while v.owner in members and v.owner.name in ("nova.broadcast", "nova.reshape"):
         op, x = v.owner, v.owner.operands[0]
-        if x.type.shape[-1:] != (n,):
-            return None
+        if x.type.shape[-1:] != (n,) or prod(x.type.shape[:-1]) != 1:  # [1, ..., 1, N]
+            return None, ()
         if op.name == "nova.broadcast" and list(op.attrs["dims"])[-1] != v.type.rank - 1:
-            return None
-        if op.name == "nova.reshape" and (math.prod(x.type.shape) != n or math.prod(v.type.shape) != n):
-            return None
-        if op.name == "nova.broadcast" and any(x.type.shape[i] != 1 for i in range(x.type.rank - 1)):
-            return None
+            return None, ()
+        chain.add(op)
         v = x
-    return v if v.type.shape == (n,) else None
+    return (v, chain) if v.type.shape == (n,) else (None, ())
 
 
 def contraction_refusal(kernel) -> str | None:
@@ -137,7 +128,7 @@ def contraction_refusal(kernel) -> str | None:
     found, reason = epilogue_of(kernel.ops)
     if found is None:
         return reason
-    op = kernel.ops[next(i for i, o in enumerate(kernel.ops) if o.name == "nova.matmul")]
+    op = next(o for o in kernel.ops if o.name == "nova.matmul")
     _, (bias, residual, out) = found
     expected = [*op.operands, *(x for x in (bias, residual) if x is not None)]
     if op.operands[0] is op.operands[1] or len(set(map(id, expected))) != len(expected) \

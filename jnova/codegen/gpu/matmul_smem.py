@@ -274,33 +274,28 @@ class TileCopier:
         k0 = em.op(f"arith.muli {kt}, {em.index(t.bk)} : index")
         step = t.bk if t.global_k_major else t.bk * t.leading
         kofs = em.op(f"arith.muli {kt}, {em.index(step)} : index")
-        k_ok = {}
+        k_inside = {}  # transposed tiles: k row -> whether it lies before the K edge (shared by rounds)
         for smem, gofs, k, mn_ok, active, mn_abs in self.copies:
             if t.transposed:  # one element; zero past the K edge, past the M (N) edge anything in the buffer
-                if k not in k_ok:
-                    k_ok[k] = em.op(f"arith.cmpi ult, {em.op(f'arith.addi {k0}, {k} : index')}, "
-                                    f"{em.index(t.extent_k)} : index")
-                count = em.op(f"arith.select {k_ok[k]}, {em.index(1)}, {em.index(0)} : index")
+                if k not in k_inside:
+                    k_inside[k] = em.op(f"arith.cmpi ult, {em.op(f'arith.addi {k0}, {k} : index')}, "
+                                        f"{em.index(t.extent_k)} : index")
+                keep = k_inside[k]
+                count = em.op(f"arith.select {keep}, {em.index(1)}, {em.index(0)} : index")
                 src = em.op(f"arith.minui {em.op(f'arith.addi {gofs}, {kofs} : index')}, "
                             f"{em.index(self.elements - 1)} : index")
-                src = em.op(f"arith.select {k_ok[k]}, {src}, {em.index(0)} : index")
-                dst = em.op(f"arith.addi {stage_elems}, {smem} : index")
-                if active is not None:
-                    with em.region(f"scf.if {active} {{"):
-                        self._copy(em, src, dst, count, 1)
-                else:
-                    self._copy(em, src, dst, count, 1)
-                continue
-            k_abs = em.op(f"arith.addi {k0}, {k} : index")
-            if t.global_k_major:  # the vector runs along K: partial at the K edge
-                left = em.op(f"arith.subi {em.index(t.extent_k)}, {em.op(f'arith.minui {k_abs}, {em.index(t.extent_k)} : index')} : index")
-                count = em.op(f"arith.select {mn_ok}, {em.op(f'arith.minui {left}, {em.index(vec)} : index')}, {em.index(0)} : index")
-            else:  # the vector runs along M or N: partial at that edge
-                k_ok = em.op(f"arith.cmpi ult, {k_abs}, {em.index(t.extent_k)} : index")
-                left = em.op(f"arith.subi {em.index(t.extent_mn)}, {em.op(f'arith.minui {mn_abs}, {em.index(t.extent_mn)} : index')} : index")
-                count = em.op(f"arith.select {k_ok}, {em.op(f'arith.minui {left}, {em.index(vec)} : index')}, {em.index(0)} : index")
-            src = em.op(f"arith.addi {gofs}, {kofs} : index")
-            src = em.op(f"arith.select {em.op(f'arith.cmpi ne, {count}, {em.index(0)} : index')}, {src}, {em.index(0)} : index")
+            else:
+                k_abs = em.op(f"arith.addi {k0}, {k} : index")
+                if t.global_k_major:  # the vector runs along K: partial at the K edge
+                    left = em.op(f"arith.subi {em.index(t.extent_k)}, {em.op(f'arith.minui {k_abs}, {em.index(t.extent_k)} : index')} : index")
+                    count = em.op(f"arith.select {mn_ok}, {em.op(f'arith.minui {left}, {em.index(vec)} : index')}, {em.index(0)} : index")
+                else:  # the vector runs along M or N: partial at that edge
+                    k_ok = em.op(f"arith.cmpi ult, {k_abs}, {em.index(t.extent_k)} : index")
+                    left = em.op(f"arith.subi {em.index(t.extent_mn)}, {em.op(f'arith.minui {mn_abs}, {em.index(t.extent_mn)} : index')} : index")
+                    count = em.op(f"arith.select {k_ok}, {em.op(f'arith.minui {left}, {em.index(vec)} : index')}, {em.index(0)} : index")
+                src = em.op(f"arith.addi {gofs}, {kofs} : index")
+                keep = em.op(f"arith.cmpi ne, {count}, {em.index(0)} : index")
+            src = em.op(f"arith.select {keep}, {src}, {em.index(0)} : index")
             dst = em.op(f"arith.addi {stage_elems}, {smem} : index")
             if active is not None:
                 with em.region(f"scf.if {active} {{"):

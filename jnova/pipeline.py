@@ -31,7 +31,8 @@ from jnova.options import Options
 from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
-from jnova.passes.form_kernels import form_kernels, kernels_from_fusion, plan_to_json, split_contraction_epilogues
+from jnova.passes.form_kernels import (batch_terminal_kernels, form_kernels, gpu_batchable, kernels_from_fusion,
+                                      plan_to_json, split_contraction_epilogues)
 from jnova.passes.fuse import fuse
 from jnova.passes.align_contractions import align_contractions
 from jnova.passes.mixed_precision import demote_contractions
@@ -140,6 +141,8 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     with stage("form_kernels"):         # GPU: a kernel per group; CPU: per run between fallbacks
         groups = split_contraction_epilogues(fusion.groups) if backend == "gpu" else fusion.groups
         plan = kernels_from_fusion(func, groups) if per_group else form_kernels(func)
+        if per_group and backend == "gpu":  # an optimizer's per-leaf updates: a few launches, not one per leaf
+            plan = batch_terminal_kernels(plan, gpu_batchable)
     key = structural_hash(nova_text, program.sites, options.hash_items(), target=target_name)
     compiled = ARTIFACTS.get(key)       # a structurally identical step compiled in this process
     cache_hit = compiled is not None

@@ -29,7 +29,8 @@ from jnova.dialect.types import numpy_dtype
 from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
-from jnova.passes.form_kernels import Kernel, kernels_from_fusion, split_contraction_epilogues
+from jnova.passes.form_kernels import (Kernel, batch_terminal_kernels, gpu_batchable, kernels_from_fusion,
+                                      split_contraction_epilogues)
 from jnova.passes.fuse import fuse
 from jnova.primitives.nova_to_jax import evaluate_op
 
@@ -107,13 +108,15 @@ def assert_outputs_close(got, want, rtol: float, atol: float, err_msg: str = "")
 # --------------------------------------------------------------------------- a step's GPU plan
 def gpu_plan(fn, *args):
     """(the nova program, its GPU plan) of `fn` on `args`: one kernel per fusion group, contraction
-    epilogues split off, as `jnova.compile(..., backend="gpu")` forms them; every primitive must convert."""
+    epilogues split off, terminal elementwise kernels batched, as `jnova.compile(..., backend="gpu")`
+    forms them; every primitive must convert."""
     program = to_nova(trace(fn, args, {}), fallback="error")
     func = program.func
     canonicalize(func)
     cse(func)
     dce(func, keep_sites={i for i, e in enumerate(program.sites) if e.effects})
-    return program, kernels_from_fusion(func, split_contraction_epilogues(fuse(func).groups))
+    return program, batch_terminal_kernels(kernels_from_fusion(func, split_contraction_epilogues(fuse(func).groups)),
+                                           gpu_batchable)
 
 
 def random_inputs(kernel: Kernel, rng: np.random.Generator) -> list[np.ndarray]:

@@ -74,6 +74,10 @@ REDUCTIONS = {
     "sum_two_dims": (lambda x: jnp.sum(x * x, axis=(1, 2)), [((32, 4, 256), f32)]),
     "any_mask": (lambda x: jnp.any(x > 0, axis=-1), [((16, 1000), f32)]),
     "sum_with_bias": (lambda x, b: jnp.sum(x + b, axis=-1), [((128, 1024), f32), ((1024,), f32)]),
+    "sum_unit_dims_1x64x768": (lambda x: jnp.sum(x * x, axis=(0, 2)), [((1, 64, 768), f32)]),
+    "max_unit_last_64x48x1": (lambda x: jnp.max(x, axis=(1, 2)), [((64, 48, 1), f32)]),
+    "broadcast_output_1x64x768": (lambda x, y: jnp.sum(x, axis=(0, 2))[None, :] * 2.0 - y, [((1, 64, 768), f32), ((1, 64), f32)]),
+    "size_1_dims_only_1x32": (lambda x: jnp.sum(x * jnp.arange(32.0, dtype=f32), axis=0), [((1, 32), f32)]),  # rows of 1
 }
 CASES = {**ELEMENTWISE, **REDUCTIONS}
 
@@ -147,6 +151,17 @@ def test_row_reduction_uses_butterflies_and_shared_memory():
     assert module.text.count("gpu.shuffle xor") == 10 and "gpu.barrier" in module.text  # two 5-step butterflies
 
 
+def test_row_reductions_skip_size_1_dims():
+    from jnova.codegen.gpu.reduction import row_reduction_refusal
+
+    for axes, shape in (((0, 2), (1, 64, 8)), ((1, 2), (64, 8, 1)), ((0,), (1, 8))):
+        kernel, _ = kernel_of(lambda x: jnp.sum(x, axis=axes), jnp.ones(shape))
+        assert row_reduction_refusal(kernel) is None, (axes, shape)
+        assert compile_gpu_kernel(kernel, get_target("h200")).schedule.startswith("row_reduction(rows=")
+    kernel, _ = kernel_of(lambda x: jnp.sum(x, axis=1), jnp.ones((1, 64, 8)))  # kept sized dim after it
+    assert "not the innermost" in row_reduction_refusal(kernel)
+
+
 def test_kernels_no_builder_takes_are_refused_with_reasons():
     # attention's head-batched scores: batch dims that do not lead (no contraction kernel layout yet)
     kernel, _ = kernel_of(lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, k), jnp.ones((2, 8, 4, 16)), jnp.ones((2, 8, 4, 16)))
@@ -165,7 +180,7 @@ def test_ptxas_failure_keeps_the_ptx_and_the_command():
 
 
 # --------------------------------------------------------------------------- the kernels, run on the CPU
-SIMULATED = sorted(ELEMENTWISE) + ["min_i32_rows_of_1", "sum_3_cols"]
+SIMULATED = sorted(ELEMENTWISE) + ["min_i32_rows_of_1", "sum_3_cols", "size_1_dims_only_1x32"]
 
 
 @pytest.mark.parametrize("name", SIMULATED)

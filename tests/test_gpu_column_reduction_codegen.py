@@ -35,6 +35,10 @@ CASES = {
                                    [((4, 256, 768), bf16), ((4, 256, 768), bf16)]),
     "max_nan": (lambda x: jnp.max(x, axis=0), [((300, 40), f32)]),
     "min_i32_keep_2d": (lambda x: jnp.min(x, axis=0), [((33, 6, 10), i32)]),
+    # size-1 dims anywhere (batch 1): the sized reduced dims lead the sized ones
+    "sum_unit_batch_1x64x768": (lambda x: jnp.sum(x, axis=1), [((1, 64, 768), f32)]),
+    "sum_unit_dims_1x33x1x40": (lambda x: jnp.sum(x * 2.0, axis=(1, 2)), [((1, 33, 1, 40), f32)]),
+    "reshaped_output_1x64x96": (lambda x, b: jnp.sum(x, axis=1).reshape(96) * 0.5 + b, [((1, 64, 96), f32), ((96,), f32)]),
 }
 
 
@@ -50,6 +54,10 @@ def test_only_leading_dims_are_column_reductions():
     kernel, _ = kernel_of(lambda x: jnp.sum(x, axis=(0, 1)), jnp.ones((2, 3, 4)))
     assert column_reduction_refusal(kernel) is None
     kernel, _ = kernel_of(lambda x: jnp.sum(x, axis=1), jnp.ones((2, 3, 4)))
+    assert "not a proper prefix" in column_reduction_refusal(kernel)
+    kernel, _ = kernel_of(lambda x: jnp.sum(x, axis=1), jnp.ones((1, 3, 4)))  # size-1 dims aside
+    assert column_reduction_refusal(kernel) is None
+    kernel, _ = kernel_of(lambda x: jnp.sum(x, axis=(0, 2)), jnp.ones((1, 3, 4)))  # a row reduction
     assert "not a proper prefix" in column_reduction_refusal(kernel)
     kernel, _ = kernel_of(lambda x: jnp.any(x > 1.0, axis=0), jnp.ones((50, 4, 5)))
     assert "reduces bools" in column_reduction_refusal(kernel)

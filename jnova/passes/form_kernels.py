@@ -21,6 +21,17 @@ class Kernel:
 
 
 @dataclass
+class BatchedKernel(Kernel):
+    """Independent kernels launched as one (`batch_terminal_kernels`): `ops`, `inputs` (each once) and
+    `outputs` are the segments' together, in order."""
+
+    segments: list[Kernel] = field(default_factory=list)
+
+
+MAX_BATCH_PARAMS = 256  # pointers per batched kernel: 2 KiB of the 4 KiB of kernel parameters
+
+
+@dataclass
 class Plan:
     """The ordered steps of a compiled function: `Kernel`s and fallback `Op`s."""
 
@@ -145,3 +156,43 @@ def kernels_from_fusion(func: Func, groups) -> Plan:
         if outputs:
             plan.steps.append(Kernel(f"kernel_{len(plan.kernels)}", g.ops, inputs, outputs))
     return plan
+
+
+def batch_terminal_kernels(plan: Plan, batchable, max_params: int = MAX_BATCH_PARAMS) -> Plan:
+    """The plan with its terminal kernels that `batchable` accepts launched in batches (horizontal
+    fusion): a kernel is terminal when the step returns its outputs and no other step reads them (an
+    optimizer's per-leaf update), so no terminal kernel reads what another writes and each batch may run
+    where its last member ran, later than the others (their inputs are ready earlier). Batches take
+    kernels in plan order up to `max_params` parameters; a batch of one stays a plain kernel."""
+    returned = set(plan.func.returns)
+    read = {v for step in plan.steps for v in (step.inputs if isinstance(step, Kernel) else step.operands)}
+    candidates = [s for s in plan.steps if isinstance(s, Kernel) and s.outputs and batchable(s)
+                  and all(v in returned and v not in read for v in s.outputs)]
+    batches, current, params = [], [], []
+    for k in candidates:
+        grown = params + [v for v in k.inputs + k.outputs if v not in params]
+        if current and len(grown) > max_params:
+            batches.append(current)
+            current, grown = [], list(dict.fromkeys(k.inputs + k.outputs))
+        current.append(k)
+        params = grown
+    batches.append(current)
+    at_last = {id(b[-1]): b for b in batches if len(b) > 1}
+    moved = {id(k) for b in at_last.values() for k in b}
+    out = Plan(plan.func)
+    for step in plan.steps:
+        if id(step) in at_last:
+            b = at_last[id(step)]
+            out.steps.append(BatchedKernel(
+                f"{b[-1].name}_batch{len(b)}", [op for k in b for op in k.ops],
+                list(dict.fromkeys(v for k in b for v in k.inputs)), [v for k in b for v in k.outputs], b))
+        elif id(step) not in moved:
+            out.steps.append(step)
+    return out
+
+
+def gpu_batchable(kernel: Kernel) -> bool:
+    """What the GPU batches: kernels the elementwise builder takes (`codegen/gpu/batched.py`)."""
+    from jnova.codegen.gpu.elementwise import elementwise_refusal
+
+    return elementwise_refusal(kernel) is None

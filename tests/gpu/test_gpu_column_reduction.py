@@ -22,6 +22,10 @@ CASES = {
                                    [((8, 1024, 768), bf16), ((8, 1024, 768), bf16)]),
     "max_nan": (lambda x: jnp.max(x, axis=0), [((300, 40), f32)]),
     "min_i32_keep_2d": (lambda x: jnp.min(x, axis=0), [((33, 6, 10), i32)]),
+    # size-1 dims anywhere (batch 1): the sized reduced dims lead the sized ones
+    "sum_unit_batch_1x64x768": (lambda x: jnp.sum(x, axis=1), [((1, 64, 768), f32)]),
+    "sum_unit_dims_1x33x1x40": (lambda x: jnp.sum(x * 2.0, axis=(1, 2)), [((1, 33, 1, 40), f32)]),
+    "reshaped_output_1x64x96": (lambda x, b: jnp.sum(x, axis=1).reshape(96) * 0.5 + b, [((1, 64, 96), f32), ((96,), f32)]),
 }
 
 

@@ -128,6 +128,11 @@ REDUCTIONS = {
     "sum_two_dims": (lambda x: jnp.sum(x * x, axis=(1, 2)), [((32, 4, 256), f32)], 1e-5),
     "any_mask": (lambda x: jnp.any(x > 0, axis=-1), [((16, 1000), f32)], 0),
     "sum_with_bias_odd_rows": (lambda x, b: jnp.sum(x + b, axis=-1), [((129, 1024), f32), ((1024,), f32)], 1e-5),
+    # size-1 dims among the reduced and kept ones (batch 1): still rows of the innermost sized dims
+    "sum_unit_dims_1x64x768": (lambda x: jnp.sum(x * x, axis=(0, 2)), [((1, 64, 768), f32)], 1e-5),
+    "max_unit_last_64x48x1": (lambda x: jnp.max(x, axis=(1, 2)), [((64, 48, 1), f32)], 0),
+    "size_1_dims_only_1x32": (lambda x: jnp.sum(x * jnp.arange(32.0, dtype=f32), axis=0), [((1, 32), f32)], 1e-6),
+    "broadcast_output_1x64x768": (lambda x, y: jnp.sum(x, axis=(0, 2))[None, :] * 2.0 - y, [((1, 64, 768), f32), ((1, 64), f32)], 1e-5),
 }
 
 

@@ -1,7 +1,7 @@
 """Column reductions: one `nova.reduce` over the leading dims, with the fused ops around it.
 
 The reduced value `x` is viewed as `rows` x `cols` (the reduced dims, then the kept ones; e.g. a
-bias gradient sums a [B, T, N] value over (0, 1): B*T rows of N columns). As in the row builder
+bias gradient sums a [B, T, N] value over (0, 1): B*T rows of N columns; size-1 dims may lie anywhere). As in the row builder
 (`reduction.py`), a prologue of elementwise ops is evaluated in registers as `x` is read, and the
 kernel's outputs, all of the kept shape, apply an epilogue to the reduction's result.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from jnova.codegen.gpu.emitter import (GpuEmitter, GpuModule, gpu_module_text, kernel_params, narrow_after_exchange,
                                        scalar_constant, widen_for_exchange)
 from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, widest_vector
-from jnova.codegen.gpu.reduction import one_reduction_refusal, the_reduce
+from jnova.codegen.gpu.reduction import one_reduction_refusal, sized_dims, the_reduce
 from jnova.codegen.linalg.emitter import compute_dtype
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.codegen.linalg.rules_reduce import combine, reduce_init
@@ -59,9 +59,11 @@ class ColumnReductionSchedule:
 def column_reduction_refusal(kernel: Kernel) -> str | None:
     """Why `kernel` is not a column reduction, or None."""
     def dims_refusal(reduce: ReduceOp) -> str | None:
-        rank, dims = reduce.operands[0].type.rank, tuple(reduce.attrs["dims"])
-        if not dims or dims != tuple(range(len(dims))) or len(dims) == rank:
-            return f"it reduces dims {dims} of a rank-{rank} value, not a proper prefix of them"
+        shape, dims = reduce.operands[0].type.shape, tuple(reduce.attrs["dims"])
+        sized, reduced = sized_dims(shape, dims)
+        if not reduced or reduced != sized[:len(reduced)] or len(reduced) == len(sized):
+            return (f"it reduces dims {dims} of a rank-{len(shape)} value, not a proper prefix of them "
+                    f"(size-1 dims aside)")
         if reduce.operands[0].type.dtype == "bool":  # ptxas spills the loop-carried predicates (any_3d, 4 lanes)
             return "it reduces bools (not supported yet: their accumulators spill)"
         return None
@@ -72,8 +74,8 @@ def column_reduction_refusal(kernel: Kernel) -> str | None:
 def choose_column_reduction_schedule(kernel: Kernel, target: Target) -> ColumnReductionSchedule:
     reduce = the_reduce(kernel)
     x = reduce.operands[0].type
-    reduced = len(reduce.attrs["dims"])
-    rows, cols = math.prod(x.shape[:reduced]), math.prod(x.shape[reduced:])
+    rows = math.prod(x.shape[d] for d in reduce.attrs["dims"])  # leading, size-1 dims aside
+    cols = x.size // rows
     # vector groups never cross a row of `x`; they stay within its last dim unless every read is at
     # the reduced value's own offsets
     own_offsets = reads_at_own_offsets(op for op in kernel.ops if op is not reduce)
@@ -126,9 +128,8 @@ def build_column_reduction(kernel: Kernel, target: Target,
             result = em.scalar().cast(acc, acc_dtype, result_type.dtype)
             evaluator = Evaluator(em, memrefs, pinned={reduce.results[0]: result})
             offset = column if lane == 0 else em.op(f"arith.addi {column}, {em.index(lane)} : index")
-            point = Point(result_type.shape, 1, True, flat=offset)
             for v, mem in zip(kernel.outputs, outs):
-                evaluator.store(v, mem, point)
+                evaluator.store(v, mem, Point(v.type.shape, 1, True, flat=offset))
     text = gpu_module_text(kernel.name, target, params, em.lines, sched.block, workgroup)
     return GpuModule(kernel.name, text, (sched.grid, 1, 1), (sched.block, 1, 1), 0, str(sched))
 

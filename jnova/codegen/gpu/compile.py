@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jnova.codegen.gpu.batched import batched_refusal, build_batched
 from jnova.codegen.gpu.column_reduction import build_column_reduction, column_reduction_refusal
 from jnova.codegen.gpu.contraction import build_contraction, contraction_refusal
 from jnova.codegen.gpu.elementwise import build_elementwise, elementwise_refusal
@@ -51,6 +52,11 @@ class GpuLaunch:
 def build_gpu_module(kernel: Kernel, target: Target) -> GpuModule:
     """The gpu.module of the first kernel family that takes `kernel`; LoweringError with every
     family's reason if none does."""
+    if getattr(kernel, "segments", None):  # a batch of independent kernels (form_kernels.BatchedKernel)
+        reason = batched_refusal(kernel)
+        if reason is None:
+            return build_batched(kernel, target)
+        raise LoweringError(f"no GPU kernel builder takes {kernel.name} (not batched elementwise: {reason})")
     reasons = []
     for family, refusal, build in BUILDERS:
         reason = refusal(kernel)

@@ -69,17 +69,17 @@ def build_elementwise(kernel: Kernel, target: Target) -> GpuModule:
         g = em.fresh("g")
         with em.region(f"scf.for {g} = {first} to {em.index(groups)} step {stride} {{"):
             start = em.op(f"arith.muli {g}, {em.index(schedule.vector)} : index")
-            _store_outputs(em, kernel, memrefs, outs, Point(shape, schedule.vector, True, flat=start))
+            store_outputs(em, kernel, memrefs, outs, Point(shape, schedule.vector, True, flat=start))
     if tail:  # fewer than `vector` elements left: one per thread
         in_tail = em.op(f"arith.cmpi ult, {first}, {em.index(tail)} : index")
         with em.region(f"scf.if {in_tail} {{"):
             element = em.op(f"arith.addi {first}, {em.index(groups * schedule.vector)} : index")
-            _store_outputs(em, kernel, memrefs, outs, Point(shape, 1, True, flat=element))
+            store_outputs(em, kernel, memrefs, outs, Point(shape, 1, True, flat=element))
     text = gpu_module_text(kernel.name, target, params, em.lines, schedule.block)
     return GpuModule(kernel.name, text, (schedule.grid, 1, 1), (schedule.block, 1, 1), 0, str(schedule))
 
 
-def _store_outputs(em: GpuEmitter, kernel: Kernel, memrefs: dict, outs: list[str], point: Point) -> None:
+def store_outputs(em: GpuEmitter, kernel: Kernel, memrefs: dict, outs: list[str], point: Point) -> None:
     evaluator = Evaluator(em, memrefs)  # one per region
     for v, mem in zip(kernel.outputs, outs):
         evaluator.store(v, mem, point)

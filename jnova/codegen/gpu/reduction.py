@@ -47,12 +47,27 @@ class RowReductionSchedule:
 def row_reduction_refusal(kernel: Kernel) -> str | None:
     """Why `kernel` is not a row reduction, or None."""
     def dims_refusal(reduce: ReduceOp) -> str | None:
-        rank, dims = reduce.operands[0].type.rank, tuple(reduce.attrs["dims"])
-        if dims != tuple(range(rank - len(dims), rank)):
-            return f"it reduces dims {dims} of a rank-{rank} value, not the innermost ones"
+        shape, dims = reduce.operands[0].type.shape, tuple(reduce.attrs["dims"])
+        sized, reduced = sized_dims(shape, dims)
+        if reduced != sized[len(sized) - len(reduced):]:
+            return f"it reduces dims {dims} of a rank-{len(shape)} value, not the innermost ones (size-1 dims aside)"
         return None
 
     return one_reduction_refusal(kernel, dims_refusal, "row")
+
+
+def sized(shape) -> tuple[int, ...]:
+    """The extents of `shape` longer than 1 (shapes equal up to size-1 dims share every flat offset)."""
+    return tuple(n for n in shape if n != 1)
+
+
+def sized_dims(shape, dims) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the dims of `shape` longer than 1, those of them in `dims`). Size-1 dims do not move any
+    element's flat offset, so a reduction is a row (column) reduction when its reduced sized dims are
+    the innermost (leading) sized dims: [1, T, C] summed over (0, 2) is T rows of C, over (1,) T rows
+    of C columns."""
+    sized = tuple(d for d, n in enumerate(shape) if n != 1)
+    return sized, tuple(d for d in sized if d in dims)
 
 
 def one_reduction_refusal(kernel: Kernel, dims_refusal, shape_name: str) -> str | None:
@@ -67,8 +82,8 @@ def one_reduction_refusal(kernel: Kernel, dims_refusal, shape_name: str) -> str 
         return reason
     shape = reduce.results[0].type.shape
     for v in kernel.outputs:
-        if v.type.shape != shape:
-            return f"output {v.type} does not have the {shape_name} shape {shape}"
+        if sized(v.type.shape) != sized(shape):
+            return f"output {v.type} does not have the {shape_name} shape {shape} (size-1 dims aside)"
     for op in kernel.ops:
         reason = None if op is reduce else unsupported_op(op)
         if reason:
@@ -85,9 +100,9 @@ def choose_row_reduction_schedule(kernel: Kernel, target: Target) -> RowReductio
     x, row = reduce.operands[0].type, reduce.results[0].type
     cols = math.prod(x.shape[d] for d in reduce.attrs["dims"])
     # vector groups never cross rows: they divide the row, and the last dim too unless every read is
-    # at the reduced value's own offsets
+    # at the reduced value's own offsets (a row of size-1 dims only lies across a longer kept last dim)
     own_offsets = reads_at_own_offsets(op for op in kernel.ops if op is not reduce)
-    vector = widest_vector([v.type for v in kernel.inputs], cols if own_offsets else x.shape[-1])
+    vector = widest_vector([v.type for v in kernel.inputs], cols if own_offsets else math.gcd(cols, x.shape[-1]))
     groups = cols // vector
     team = min(target.max_threads_per_block, 1 << max(0, math.ceil(math.log2(max(1, groups / GROUPS_PER_THREAD)))))
     block = max(team, MIN_BLOCK)
@@ -143,9 +158,8 @@ def build_row_reduction(kernel: Kernel, target: Target) -> GpuModule:
     with em.region(f"scf.if {em.op(f'arith.andi {valid}, {leader} : i1')} {{"):
         result = em.scalar().cast(acc, acc_dtype, reduce.results[0].type.dtype)
         evaluator = Evaluator(em, memrefs, pinned={reduce.results[0]: result})
-        point = Point(reduce.results[0].type.shape, 1, True, flat=row)
-        for v, mem in zip(kernel.outputs, outs):
-            evaluator.store(v, mem, point)
+        for v, mem in zip(kernel.outputs, outs):  # each output at the row's offset in its own shape
+            evaluator.store(v, mem, Point(v.type.shape, 1, True, flat=row))
     text = gpu_module_text(kernel.name, target, params, em.lines, sched.block, workgroup)
     return GpuModule(kernel.name, text, (sched.grid, 1, 1), (sched.block, 1, 1), 0, str(sched))
 

@@ -168,14 +168,14 @@ def batch_terminal_kernels(plan: Plan, batchable, max_params: int = MAX_BATCH_PA
     read = {v for step in plan.steps for v in (step.inputs if isinstance(step, Kernel) else step.operands)}
     candidates = [s for s in plan.steps if isinstance(s, Kernel) and s.outputs and batchable(s)
                   and all(v in returned and v not in read for v in s.outputs)]
-    batches, current, params = [], [], []
+    batches, current, params = [], [], set()
     for k in candidates:
-        grown = params + [v for v in k.inputs + k.outputs if v not in params]
-        if current and len(grown) > max_params:
+        own = set(k.inputs) | set(k.outputs)
+        if current and len(params | own) > max_params:
             batches.append(current)
-            current, grown = [], list(dict.fromkeys(k.inputs + k.outputs))
+            current, params = [], set()
         current.append(k)
-        params = grown
+        params |= own
     batches.append(current)
     at_last = {id(b[-1]): b for b in batches if len(b) > 1}
     moved = {id(k) for b in at_last.values() for k in b}

@@ -1,8 +1,8 @@
 """Batched elementwise kernels: independent elementwise kernels launched as one (horizontal fusion).
 
-An optimizer updates each parameter leaf in a kernel of its own (GPT-2: 148 leaves, most of them
-768-element vectors that take one block for a few microseconds). `form_kernels.batch_terminal_kernels`
-gathers such kernels, whose results only the step returns, into one `BatchedKernel`; this builder gives
+An optimizer updates each parameter leaf in a kernel of its own, unless the update is the epilogue of
+the leaf's gradient reduction (GPT-2 124M: the 50 weight matrices' updates; its 98 vectors' are
+epilogues of column reductions). `form_kernels.batch_terminal_kernels` gathers such kernels, whose results only the step returns, into one `BatchedKernel`; this builder gives
 each segment a contiguous range of the grid's blocks with the schedule it would have had alone
 (`elementwise.choose_elementwise_schedule`): block `b` runs segment `i` when `b - first_i < blocks_i`
 (one unsigned comparison per segment, uniform across the block). The kernel's parameters are every
@@ -10,9 +10,8 @@ segment's inputs (each once) and outputs.
 """
 from __future__ import annotations
 
-from jnova.codegen.gpu.elementwise import BLOCK, choose_elementwise_schedule, elementwise_refusal, store_outputs
+from jnova.codegen.gpu.elementwise import BLOCK, choose_elementwise_schedule, elementwise_refusal, grid_stride_outputs
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, gpu_module_text, kernel_params
-from jnova.codegen.gpu.evaluate import Point
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.passes.form_kernels import Kernel
 from jnova.runtime.target import Target
@@ -46,26 +45,11 @@ def build_batched(kernel: Kernel, target: Target) -> GpuModule:
         mine = em.op(f"arith.cmpi ult, {local}, {em.index(sched.grid)} : index")
         with em.region(f"scf.if {mine} {{"):
             thread = em.op(f"arith.addi {em.op(f'arith.muli {local}, {em.index(BLOCK)} : index')}, {tid} : index")
-            _segment(em, seg, memrefs, [out_of[v] for v in seg.outputs], thread, sched.vector, sched.grid * BLOCK)
+            grid_stride_outputs(em, seg, memrefs, [out_of[v] for v in seg.outputs], thread, sched.vector, BLOCK,
+                                sched.grid * BLOCK)
         first += sched.grid
     schedule = f"batched_elementwise(segments={len(kernel.segments)}, block={BLOCK}, grid={first}; " \
                f"size:vector x blocks {' '.join(shown)})"
     text = gpu_module_text(kernel.name, target, params, em.lines, BLOCK)
     return GpuModule(kernel.name, text, (first, 1, 1), (BLOCK, 1, 1), 0, schedule)
 
-
-def _segment(em: GpuEmitter, seg: Kernel, memrefs: dict, outs: list[str], thread: str, vector: int,
-             threads: int) -> None:
-    """One segment, as `build_elementwise` writes a kernel: a grid-stride loop over its vector groups
-    (stride: the segment's threads), then the elements after the last whole group one per thread."""
-    shape, size = seg.outputs[0].type.shape, seg.outputs[0].type.size
-    groups, tail = divmod(size, vector)
-    if groups:
-        g = em.fresh("g")
-        with em.region(f"scf.for {g} = {thread} to {em.index(groups)} step {em.index(threads)} {{"):
-            start = em.op(f"arith.muli {g}, {em.index(vector)} : index")
-            store_outputs(em, seg, memrefs, outs, Point(shape, vector, True, flat=start))
-    if tail:
-        with em.region(f"scf.if {em.op(f'arith.cmpi ult, {thread}, {em.index(tail)} : index')} {{"):
-            element = em.op(f"arith.addi {thread}, {em.index(groups * vector)} : index")
-            store_outputs(em, seg, memrefs, outs, Point(shape, 1, True, flat=element))

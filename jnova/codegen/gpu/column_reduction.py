@@ -1,8 +1,8 @@
 """Column reductions: one `nova.reduce` over the leading dims, with the fused ops around it.
 
-The reduced value `x` is viewed as `rows` x `cols` (the reduced dims, then the kept ones; e.g. a
-bias gradient sums a [B, T, N] value over (0, 1): B*T rows of N columns; size-1 dims may lie anywhere). As in the row builder
-(`reduction.py`), a prologue of elementwise ops is evaluated in registers as `x` is read, and the
+The reduced value `x` is viewed as `rows` x `cols` (the reduced dims, then the kept ones, size-1 dims
+anywhere; e.g. a bias gradient sums a [B, T, N] value over (0, 1): B*T rows of N columns). As in the
+row builder (`reduction.py`), a prologue of elementwise ops is evaluated in registers as `x` is read, and the
 kernel's outputs, all of the kept shape, apply an epilogue to the reduction's result.
 
 Schedule: a block owns a tile of `col_threads` vector groups of columns (`vector` consecutive

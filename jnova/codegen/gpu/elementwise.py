@@ -59,27 +59,36 @@ def build_elementwise(kernel: Kernel, target: Target) -> GpuModule:
     if reason:
         raise LoweringError(f"{kernel.name} is not an elementwise kernel: {reason}")
     schedule = choose_elementwise_schedule(kernel, target)
-    shape, size = kernel.outputs[0].type.shape, kernel.outputs[0].type.size
-    groups, tail = divmod(size, schedule.vector)
     params, memrefs, outs = kernel_params(kernel.inputs, kernel.outputs)
     em = GpuEmitter()
     _, first = global_thread(em, schedule.block)
-    if groups:
-        stride = em.op(f"arith.muli {em.op('gpu.grid_dim x')}, {em.index(schedule.block)} : index")
-        g = em.fresh("g")
-        with em.region(f"scf.for {g} = {first} to {em.index(groups)} step {stride} {{"):
-            start = em.op(f"arith.muli {g}, {em.index(schedule.vector)} : index")
-            store_outputs(em, kernel, memrefs, outs, Point(shape, schedule.vector, True, flat=start))
-    if tail:  # fewer than `vector` elements left: one per thread
-        in_tail = em.op(f"arith.cmpi ult, {first}, {em.index(tail)} : index")
-        with em.region(f"scf.if {in_tail} {{"):
-            element = em.op(f"arith.addi {first}, {em.index(groups * schedule.vector)} : index")
-            store_outputs(em, kernel, memrefs, outs, Point(shape, 1, True, flat=element))
+    grid_stride_outputs(em, kernel, memrefs, outs, first, schedule.vector, schedule.block)
     text = gpu_module_text(kernel.name, target, params, em.lines, schedule.block)
     return GpuModule(kernel.name, text, (schedule.grid, 1, 1), (schedule.block, 1, 1), 0, str(schedule))
 
 
-def store_outputs(em: GpuEmitter, kernel: Kernel, memrefs: dict, outs: list[str], point: Point) -> None:
+def grid_stride_outputs(em: GpuEmitter, kernel: Kernel, memrefs: dict, outs: list[str], thread: str, vector: int,
+                        block: int, threads: int | None = None) -> None:
+    """The body of an elementwise kernel for the thread `thread` of `threads` (default: the whole
+    grid's): a grid-stride loop over the outputs' groups of `vector` elements, then the elements after
+    the last whole group (fewer than `vector`), one per thread."""
+    shape, size = kernel.outputs[0].type.shape, kernel.outputs[0].type.size
+    groups, tail = divmod(size, vector)
+    if groups:
+        stride = (em.index(threads) if threads is not None
+                  else em.op(f"arith.muli {em.op('gpu.grid_dim x')}, {em.index(block)} : index"))
+        g = em.fresh("g")
+        with em.region(f"scf.for {g} = {thread} to {em.index(groups)} step {stride} {{"):
+            start = em.op(f"arith.muli {g}, {em.index(vector)} : index")
+            _store_outputs(em, kernel, memrefs, outs, Point(shape, vector, True, flat=start))
+    if tail:
+        in_tail = em.op(f"arith.cmpi ult, {thread}, {em.index(tail)} : index")
+        with em.region(f"scf.if {in_tail} {{"):
+            element = em.op(f"arith.addi {thread}, {em.index(groups * vector)} : index")
+            _store_outputs(em, kernel, memrefs, outs, Point(shape, 1, True, flat=element))
+
+
+def _store_outputs(em: GpuEmitter, kernel: Kernel, memrefs: dict, outs: list[str], point: Point) -> None:
     evaluator = Evaluator(em, memrefs)  # one per region
     for v, mem in zip(kernel.outputs, outs):
         evaluator.store(v, mem, point)

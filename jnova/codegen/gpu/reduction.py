@@ -66,8 +66,8 @@ def sized_dims(shape, dims) -> tuple[tuple[int, ...], tuple[int, ...]]:
     element's flat offset, so a reduction is a row (column) reduction when its reduced sized dims are
     the innermost (leading) sized dims: [1, T, C] summed over (0, 2) is T rows of C, over (1,) T rows
     of C columns."""
-    sized = tuple(d for d, n in enumerate(shape) if n != 1)
-    return sized, tuple(d for d in sized if d in dims)
+    long = tuple(d for d, n in enumerate(shape) if n != 1)
+    return long, tuple(d for d in long if d in dims)
 
 
 def one_reduction_refusal(kernel: Kernel, dims_refusal, shape_name: str) -> str | None:

@@ -31,8 +31,9 @@ from jnova.options import Options
 from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
-from jnova.passes.form_kernels import (batch_terminal_kernels, form_kernels, gpu_batchable, kernels_from_fusion,
-                                      plan_to_json, split_contraction_epilogues)
+from jnova.passes.form_kernels import (batch_terminal_kernels, form_kernels, gpu_batchable, gpu_mergeable,
+                                      kernels_from_fusion, merge_neighbours, plan_to_json,
+                                      split_contraction_epilogues)
 from jnova.passes.fuse import fuse
 from jnova.passes.align_contractions import align_contractions
 from jnova.passes.mixed_precision import demote_contractions
@@ -139,7 +140,9 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     with stage("fuse"):                 # fusion groups, with a reason for every refused fusion
         fusion = fuse(func)
     with stage("form_kernels"):         # GPU: a kernel per group; CPU: per run between fallbacks
-        groups = split_contraction_epilogues(fusion.groups) if backend == "gpu" else fusion.groups
+        groups = fusion.groups
+        if backend == "gpu":            # epilogues the matmuls cannot take split off; neighbours that
+            groups = merge_neighbours(func, split_contraction_epilogues(groups), gpu_mergeable)  # share rows merged
         plan = kernels_from_fusion(func, groups) if per_group else form_kernels(func)
         if per_group and backend == "gpu":  # an optimizer's per-leaf updates: a few launches, not one per leaf
             plan = batch_terminal_kernels(plan, gpu_batchable)

@@ -23,14 +23,15 @@ import numpy as np
 from jnova.capture.to_nova import to_nova
 from jnova.capture.trace import trace
 from jnova.codegen.gpu.compile import build_gpu_module
+from jnova.codegen.gpu.row_program import build_row_program
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.dialect.ops import ReduceOp
 from jnova.dialect.types import numpy_dtype
 from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
-from jnova.passes.form_kernels import (Kernel, batch_terminal_kernels, gpu_batchable, kernels_from_fusion,
-                                      split_contraction_epilogues)
+from jnova.passes.form_kernels import (Kernel, batch_terminal_kernels, gpu_batchable, gpu_mergeable,
+                                      kernels_from_fusion, merge_neighbours, split_contraction_epilogues)
 from jnova.passes.fuse import fuse
 from jnova.primitives.nova_to_jax import evaluate_op
 
@@ -115,8 +116,8 @@ def gpu_plan(fn, *args):
     canonicalize(func)
     cse(func)
     dce(func, keep_sites={i for i, e in enumerate(program.sites) if e.effects})
-    return program, batch_terminal_kernels(kernels_from_fusion(func, split_contraction_epilogues(fuse(func).groups)),
-                                           gpu_batchable)
+    groups = merge_neighbours(func, split_contraction_epilogues(fuse(func).groups), gpu_mergeable)
+    return program, batch_terminal_kernels(kernels_from_fusion(func, groups), gpu_batchable)
 
 
 def random_inputs(kernel: Kernel, rng: np.random.Generator) -> list[np.ndarray]:
@@ -149,6 +150,8 @@ def check_kernel(kernel: Kernel, target, rng: np.random.Generator) -> tuple[bool
         module = build_gpu_module(kernel, target)
     except LoweringError:
         return False, []
+    if not simulable(module) and module.schedule.startswith("row_program"):
+        module = build_row_program(kernel, target, team=1)  # the same program, a thread per row
     if not simulable(module):
         return False, []
     ins = random_inputs(kernel, rng)

@@ -122,7 +122,7 @@ BF16_MATH = re.compile(r"\b(add|sub|mul|fma|setp|max|min|neg|abs)(\.\w+)*\.bf16(
 def test_bf16_math_runs_in_f32_in_the_ptx():
     """No native bf16 arithmetic or comparison in the PTX of bf16 kernels (GpuEmitter.bf16_to_f32: ptxas
     of CUDA 13.0 miscompiled packed bf16 adds): the cummax program of that finding, a bf16 tanh-GELU with
-    comparisons, a row reduction and a step with bf16 contraction operands."""
+    comparisons, a row reduction, a softmax, a normalization and a step with bf16 contraction operands."""
     from difftest.findings import CUMMAX_BF16, CUMMAX_BF16_SEED
     from difftest.program import Program
     from gpu_emulation import gpu_plan
@@ -133,6 +133,9 @@ def test_bf16_math_runs_in_f32_in_the_ptx():
     kernels += gpu_plan(lambda x, y: jnp.where(x > y, jax.nn.gelu(x), jnp.maximum(x, y) * y), x, x[::-1])[1].kernels
     kernels += gpu_plan(lambda x: jnp.sum(x * x, axis=-1, dtype=bf16), x)[1].kernels
     kernels += gpu_plan(lambda x, w, b: jnp.tanh(x @ w + b), x, x.T, x[:, 0])[1].kernels
+    kernels += gpu_plan(lambda x: jax.nn.softmax(x, axis=-1), x)[1].kernels  # row programs
+    kernels += gpu_plan(lambda x: (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5),
+                        x)[1].kernels
     checked = 0
     for kernel in kernels:
         try:
@@ -154,7 +157,7 @@ def test_row_reduction_uses_butterflies_and_shared_memory():
 def test_row_reductions_skip_size_1_dims():
     from jnova.codegen.gpu.reduction import row_reduction_refusal
 
-    for axes, shape in (((0, 2), (1, 64, 8)), ((1, 2), (64, 8, 1)), ((0,), (1, 8))):
+    for axes, shape in (((0, 2), (1, 64, 8)), ((1, 2), (64, 8, 1))):  # over size-1 dims only: a reshape
         kernel, _ = kernel_of(lambda x: jnp.sum(x, axis=axes), jnp.ones(shape))
         assert row_reduction_refusal(kernel) is None, (axes, shape)
         assert compile_gpu_kernel(kernel, get_target("h200")).schedule.startswith("row_reduction(rows=")
@@ -167,8 +170,8 @@ def test_kernels_no_builder_takes_are_refused_with_reasons():
     kernel, _ = kernel_of(lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, k), jnp.ones((2, 8, 4, 16)), jnp.ones((2, 8, 4, 16)))
     with pytest.raises(LoweringError, match="not contraction: lhs: batch dims do not lead.*not elementwise: 'nova.matmul'"):
         build_gpu_module(kernel, get_target("h200"))
-    kernel, _ = kernel_of(lambda x: (jnp.sum(x, axis=1), jnp.max(x, axis=1)), jnp.ones((8, 8)))
-    with pytest.raises(LoweringError, match="2 reductions"):
+    kernel, _ = kernel_of(lambda x: (jnp.sum(x, axis=1), jnp.max(x, axis=0)), jnp.ones((8, 8)))
+    with pytest.raises(LoweringError, match=r"2 reductions.*not row program: a reduction over dims \(0,\)"):
         build_gpu_module(kernel, get_target("h200"))
 
 

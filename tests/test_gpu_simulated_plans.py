@@ -39,12 +39,13 @@ def test_the_random_programs_had_kernels_to_simulate():
 
 
 def test_cummax_program_of_the_gpu_finding_simulates_right():
-    """The program that failed on an H200 (difftest/findings.py): every one of its 36 simulated kernels (strided slices, interior and negative pads, concatenations in bf16) is right on
-    the CPU, so the index arithmetic is not what went wrong there."""
+    """The program that failed on an H200 (difftest/findings.py): every one of its simulated kernels
+    (strided slices, interior and negative pads, concatenations in bf16) is right on the CPU, so the
+    index arithmetic is not what went wrong there."""
     program = Program.parse(CUMMAX_BF16)
     params, data = program.arguments(CUMMAX_BF16_SEED)
     simulated, problems = check_plan_kernels(program.step(), params, data, target=TARGET)
-    assert simulated >= 30 and not problems, problems
+    assert simulated >= 14 and not problems, problems
 
 
 def test_a_wrong_slice_start_is_caught(monkeypatch):
@@ -61,10 +62,11 @@ def test_a_wrong_slice_start_is_caught(monkeypatch):
 
 def test_tiny_transformer_step_gpu_kernels_simulated_match_lax():
     """Every simulable kernel of a whole GPT-style training step (attention, LayerNorm, GELU, tied
-    embedding, SGD with momentum): 155 of its plan's 240 kernels, the elementwise, data-movement and
-    one-thread-per-row reduction kernels a real model's GPU plan launches."""
+    embedding, SGD with momentum): 44 of its plan's 105 kernels, the elementwise, data-movement,
+    one-thread-per-row reduction kernels and the row programs (softmax, LayerNorm forward and
+    backward, run with a thread per row) a real model's GPU plan launches."""
     from models import tiny
 
     step, params, state, ids = tiny.setup()
     simulated, problems = check_plan_kernels(step, params, state, ids, target=TARGET, seed=7)
-    assert simulated >= 100 and not problems, problems
+    assert simulated >= 40 and not problems, problems

@@ -5,6 +5,7 @@ replaces the op's result, a new Op that replaces the op, or None. Patterns:
 
 - identity reshape / convert / broadcast / transpose (same type, or the identity permutation): the operand;
 - reshape of a reshape: one reshape; transpose of a transpose: one transpose (or none);
+- a reduction over size-1 dims only: a reshape (what XLA makes of it, so jax.jit's bits);
 - convert of a convert, only where the first is exact: x -> wider -> x is x (f32 -> f64 -> f32,
   bf16 -> f32 -> bf16, int8 -> int32 -> int8), and two exact widenings are one (bf16 -> f32 -> f64).
   Never a rounding first step (f32 -> bf16 -> f32 rounds). As in XLA, a signalling NaN that the
@@ -91,6 +92,16 @@ def identity_transpose(op: Op) -> Value | None:
 def reshape_of_reshape(op: Op) -> Op | None:
     inner = _producer(op.operands[0], ReshapeOp)
     return _same(op, [inner.operands[0]]) if inner is not None else None
+
+
+def reduce_of_size_1_dims(op: Op) -> Op | None:
+    """A reduction over size-1 dims only (a broadcast's transpose in a backward pass) is a reshape:
+    XLA's algebraic simplifier rewrites it so (the init value is the reduction's identity), so the
+    result keeps jax.jit's bits, -0.0 included."""
+    x = op.operands[0]
+    if any(x.type.shape[d] != 1 for d in op.attrs["dims"]):
+        return None
+    return ReshapeOp([x], [op.results[0].type], {}, loc=op.loc)
 
 
 def transpose_of_transpose(op: Op) -> Op | None:
@@ -224,5 +235,6 @@ PATTERNS: dict[str, tuple] = {
     "nova.convert": (identity_same_type, exact_convert_chain),
     "nova.broadcast": (identity_same_type, broadcast_of_splat_constant),
     "nova.transpose": (identity_transpose, transpose_of_transpose),
+    "nova.reduce": (reduce_of_size_1_dims,),
 }
 GENERIC_PATTERNS: tuple = (fold_constant_elementwise,)

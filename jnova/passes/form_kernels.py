@@ -122,6 +122,85 @@ def split_contraction_epilogues(groups) -> list:
     return out
 
 
+def merge_neighbours(func: Func, groups, accepts) -> list:
+    """The GPU's second fusion step: each group joins the one before it when it reads a value that
+    group computes (or an array it reads) and `accepts` takes the two as one kernel (`gpu_mergeable`: a row program, a row
+    reduction or one elementwise kernel). Fusion keeps a value another kernel also reads out of its
+    readers' groups; neighbours in execution order can share it in registers and still write it
+    once, so the chains of a softmax (max, exp, sum, divide) and of a LayerNorm (mean, variance,
+    normalize, scale) become one kernel each, as do elementwise chains whose every step the backward
+    pass keeps (GELU's). Siblings (groups reading one array that neither computes) merge too: the
+    array is read once. A value crosses from one group into the next only at its own point (the
+    same element), through a reduction, or as a smaller value broadcast (a row statistic): a moved
+    or replicated read of a computed value would recompute it."""
+    from jnova.passes.fuse import Group, read_of
+
+    order = {op: i for i, op in enumerate(func.ops)}
+    returned = set(func.returns)
+    members = [set(g.ops) for g in groups]
+    readers: dict[Value, set[int]] = {}
+    for gi, g in enumerate(groups):
+        for op in g.ops:
+            for v in op.operands:
+                readers.setdefault(v, set()).add(gi)
+
+    def joins(ids: set[int], ops: set[Op], gi: int) -> bool:
+        read = {v for op in ops for v in op.operands}
+        connected = False
+        for op in groups[gi].ops:  # its own ops and its copies of recomputed ones (either may be shared)
+            for i, v in enumerate(op.operands):
+                if v.owner is None or v.owner not in ops or v.owner in members[gi]:
+                    connected |= v in read and v.type.size > 1 and (v.owner is None or v.owner not in ops)
+                    continue
+                connected = True
+                small = v.type.size < op.results[0].type.size
+                if not (read_of(op, i) == "same" or op.name == "nova.reduce"
+                        or (op.name == "nova.broadcast" and small)):
+                    return False
+        if not connected:
+            return False
+        union = ops | members[gi]
+        ids = ids | {gi}
+        kernel_ops = sorted(union, key=order.__getitem__)
+        defined = {r for op in kernel_ops for r in op.results}
+        inputs = list(dict.fromkeys(v for op in kernel_ops for v in op.operands if v not in defined))
+        outputs = [r for op in kernel_ops for r in op.results
+                   if r in returned or any(gj not in ids and op not in members[gj] for gj in readers.get(r, ()))]
+        return bool(outputs) and accepts(Kernel("merged", kernel_ops, inputs, outputs))
+
+    out, ids, ops = [], set(), set()
+    for gi, g in enumerate(groups):
+        if ids and g.kind in ("elementwise", "reduction") and joins(ids, ops, gi):
+            ids.add(gi)
+            ops |= members[gi]
+            continue
+        if ids:
+            out.append(_merged(groups, ids, ops, order, Group))
+        ids, ops = ({gi}, set(members[gi])) if g.kind in ("elementwise", "reduction") else (set(), set())
+        if not ids:
+            out.append(g)
+    if ids:
+        out.append(_merged(groups, ids, ops, order, Group))
+    return out
+
+
+def _merged(groups, ids: set[int], ops: set[Op], order: dict, group_type):
+    if len(ids) == 1:
+        return groups[next(iter(ids))]
+    anchor = next((groups[i].anchor for i in sorted(ids) if groups[i].anchor is not None), None)
+    return group_type(sorted(ops, key=order.__getitem__), "reduction" if anchor is not None else "elementwise", anchor)
+
+
+def gpu_mergeable(kernel: Kernel) -> bool:
+    """What `merge_neighbours` may make one GPU kernel: a kernel the elementwise, row-reduction or
+    row-program builder takes (`codegen/gpu/row_program.py`)."""
+    from jnova.codegen.gpu.elementwise import elementwise_refusal
+    from jnova.codegen.gpu.reduction import row_reduction_refusal
+    from jnova.codegen.gpu.row_program import row_program_refusal
+
+    return any(refusal(kernel) is None for refusal in (elementwise_refusal, row_reduction_refusal, row_program_refusal))
+
+
 def kernels_from_fusion(func: Func, groups) -> Plan:
     """One kernel per fusion group (the GPU plan); fallback ops stay XLA ops.
 

@@ -37,6 +37,7 @@ from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
 from jnova.primitives.nova_kernel import nova_kernel_p  # noqa: E402
 from jnova.runtime import jax_internals  # noqa: E402
 from jnova.runtime.target import get_target  # noqa: E402
+from test_row_programs import ROW_PROGRAMS  # noqa: E402
 
 register_gpu_lowering()
 TARGET = get_target(os.environ.get("JNOVA_TEST_TARGET", "h200"))
@@ -147,6 +148,15 @@ def test_row_reduction_kernel_matches_jnp(name):
     fn, specs, rtol = REDUCTIONS[name]
     cols = specs[0][0][-1] if name != "sum_two_dims" else 1024
     check(fn, specs, rtol, atol=1e-5 * cols ** 0.5)
+
+
+@pytest.mark.parametrize("name", sorted(ROW_PROGRAMS))
+def test_row_program_kernel_matches_jnp(name):
+    """Softmax, LayerNorm and its gradient, log-softmax: a warp per row, partial slots, rows past the
+    grid's last, several warps per row (tests/test_row_programs.py simulates them on the CPU)."""
+    fn, specs, rtol = ROW_PROGRAMS[name]
+    launch = check(fn, specs, rtol, atol=rtol)
+    assert launch.schedule.startswith("row_program(")
 
 
 def test_launch_without_poison_inside_a_jitted_step():

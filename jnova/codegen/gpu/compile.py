@@ -10,6 +10,7 @@ from jnova.codegen.gpu.elementwise import build_elementwise, elementwise_refusal
 from jnova.codegen.gpu.emitter import GpuModule
 from jnova.codegen.gpu.ptx import to_ptx
 from jnova.codegen.gpu.reduction import build_row_reduction, row_reduction_refusal
+from jnova.codegen.gpu.row_program import build_row_program, row_program_refusal
 from jnova.codegen.gpu.scatter import build_scatter_add, scatter_refusal
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.passes.form_kernels import Kernel
@@ -21,6 +22,7 @@ BUILDERS = (
     ("elementwise", elementwise_refusal, build_elementwise),
     ("row reduction", row_reduction_refusal, build_row_reduction),
     ("column reduction", column_reduction_refusal, build_column_reduction),
+    ("row program", row_program_refusal, build_row_program),
     ("scatter-add", scatter_refusal, build_scatter_add),
 )
 

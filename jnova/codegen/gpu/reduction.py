@@ -151,7 +151,7 @@ def build_row_reduction(kernel: Kernel, target: Target) -> GpuModule:
     acc = _butterfly(em, kind, acc_dtype, acc, min(sched.team, WARP))
     workgroup = []
     if sched.team > WARP:
-        acc, workgroup = _across_warps(em, kind, acc_dtype, acc, init, tid, sched)
+        acc, workgroup = _across_warps(em, kind, acc_dtype, acc, tid, sched)
 
     # 3. the team's first thread applies the epilogue and stores the row's outputs
     leader = em.op(f"arith.cmpi eq, {team_lane}, {em.index(0)} : index")
@@ -181,11 +181,11 @@ def _butterfly(em: GpuEmitter, kind: str, dtype: str, acc: str, lanes: int) -> s
     return acc
 
 
-def _across_warps(em: GpuEmitter, kind: str, dtype: str, acc: str, init: str, tid: str,
-                  sched: RowReductionSchedule) -> tuple[str, list[str]]:
-    """Teams of several warps: each warp's lane 0 writes its value to shared memory, then every warp of
-    the team reads the team's values and combines them with a second butterfly."""
-    s = em.scalar()
+def _across_warps(em: GpuEmitter, kind: str, dtype: str, acc: str, tid: str,
+                  sched) -> tuple[str, list[str]]:
+    """Teams of several warps: each warp's lane 0 writes its value to shared memory, then lane l of
+    every warp of the team reads the value of the team's warp l mod (warps per team) and a second
+    butterfly over that many lanes combines them: every thread of the team ends with the result."""
     warps = sched.team // WARP
     slot_type = "i32" if dtype == "bool" or bitwidth(dtype) < 32 else element(dtype)
     partials = em.fresh("partials")
@@ -197,8 +197,6 @@ def _across_warps(em: GpuEmitter, kind: str, dtype: str, acc: str, init: str, ti
     em.line("gpu.barrier")
     first_warp = em.op(f"arith.muli {em.op(f'arith.divui {tid}, {em.index(sched.team)} : index')}, "
                        f"{em.index(warps)} : index")
-    in_team = em.op(f"arith.cmpi ult, {lane}, {em.index(warps)} : index")
-    slot = em.op(f"arith.select {in_team}, {em.op(f'arith.addi {first_warp}, {lane} : index')}, {first_warp} : index")
-    value = narrow_after_exchange(s, em.op(f"memref.load {partials}[{slot}] : {buffer}"), dtype)
-    value = em.op(f"arith.select {in_team}, {value}, {init} : {element(dtype)}")
+    slot = em.op(f"arith.addi {first_warp}, {em.op(f'arith.remui {lane}, {em.index(warps)} : index')} : index")
+    value = narrow_after_exchange(em.scalar(), em.op(f"memref.load {partials}[{slot}] : {buffer}"), dtype)
     return _butterfly(em, kind, dtype, value, warps), [f"{partials} : {buffer}"]

@@ -211,7 +211,7 @@ def build_row_program(kernel: Kernel, target: Target, team: int | None = None) -
             acc = combine(em.scalar(), kind, acc_dtype, acc, part)
         acc = _butterfly(em, kind, acc_dtype, acc, min(sched.team, WARP))
         if sched.team > WARP:
-            acc, buffers = _across_warps(em, kind, acc_dtype, acc, init, tid, sched)
+            acc, buffers = _across_warps(em, kind, acc_dtype, acc, tid, sched)
             workgroup += buffers
         ev.pinned[r.results[0]] = em.scalar().cast(acc, acc_dtype, r.results[0].type.dtype)
 

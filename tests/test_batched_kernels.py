@@ -10,7 +10,7 @@ import pytest
 
 import jnova
 from gpu_emulation import check_kernel, gpu_plan
-from jnova.codegen.gpu.compile import compile_gpu_kernel
+from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
 from jnova.passes.form_kernels import BatchedKernel, batch_terminal_kernels, gpu_batchable
 from jnova.runtime.target import get_target
 from test_gpu_codegen import requires_ptxas
@@ -44,9 +44,11 @@ def batched(plan):
 def test_an_optimizers_leaf_updates_are_one_kernel():
     _, plan = gpu_plan(adam_step, *arguments())
     (batch,) = batched(plan)
-    # every leaf's update kernel but the biases': theirs is the epilogue of their gradient's column
-    # reduction (a sum over the batch), already one kernel per leaf
-    assert sorted(s.outputs[0].type.shape for s in batch.segments) == sorted(SHAPES[k] for k in ("w1", "w2", "emb", "scale"))
+    # every leaf's update kernel: the biases' are the epilogues of their gradients' column reductions (a
+    # sum over the batch), batched with the elementwise ones
+    assert sorted(s.outputs[0].type.shape for s in batch.segments) == sorted(SHAPES.values())
+    assert sorted(build_gpu_module(s, TARGET).schedule.split("(")[0] for s in batch.segments) == \
+        ["column_reduction"] * 2 + ["elementwise"] * 4
     assert all(len(s.outputs) == 3 for s in batch.segments)  # new parameter, mu, nu
     assert len(batch.outputs) == 3 * len(batch.segments)
     assert len(set(batch.inputs)) == len(batch.inputs)  # shared inputs (the step count) passed once
@@ -79,6 +81,17 @@ def test_batches_respect_the_parameter_budget():
     assert batched(batch_terminal_kernels(unbatched, gpu_batchable, max_params=params))[0].segments == batch.segments
 
 
+def test_batches_keep_at_most_a_budget_of_memory_alive():
+    """A batch runs at its last member's position, so an earlier member's inputs (a bias gradient's
+    activation-sized operand) live until then: the batch closes before that exceeds the budget."""
+    _, plan = gpu_plan(adam_step, *arguments())
+    (batch,) = batched(plan)
+    unbatched = type(plan)(plan.func, [s for s in plan.steps if s is not batch] + batch.segments)
+    split = batched(batch_terminal_kernels(unbatched, gpu_batchable, max_delayed_bytes=0))
+    assert all(not any(v.owner is not None and v not in b.segments[-1].inputs for v in b.inputs) for b in split)
+    assert len(batched(batch_terminal_kernels(unbatched, gpu_batchable, max_delayed_bytes=2**30))) == 1
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_batched_kernel_simulated_on_cpu_matches_lax(seed):
     _, plan = gpu_plan(adam_step, *arguments(seed))
@@ -107,4 +120,4 @@ def test_compiled_step_launches_fewer_kernels_and_lowers_for_cuda():
     assert hlo.count("triton_kernel_call") <= kernels
     _, plan = gpu_plan(adam_step, *args)
     (batch,) = batched(plan)
-    assert kernels == len(plan.kernels) and len(batch.segments) == 4  # four update kernels, one launch
+    assert kernels == len(plan.kernels) and len(batch.segments) == 6  # six update kernels, one launch

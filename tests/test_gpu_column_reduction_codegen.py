@@ -3,8 +3,6 @@
 another; the shared-memory buffer becomes a parameter and the barrier is dropped, which is sound
 because the thread that folds the partials is the last of its block) with poisoned outputs against
 jax.jit."""
-import dataclasses
-import re
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,7 @@ import pytest
 from jnova.codegen.gpu.column_reduction import column_reduction_refusal
 from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
 from jnova.runtime.target import get_target
-from gpu_emulation import aligned, assert_outputs_close, poisoned_like, simulate
+from gpu_emulation import assert_outputs_close, poisoned_like, simulate_with_shared_memory
 from test_gpu_codegen import assert_assembles_without_spills, kernel_of, rand, requires_ptxas
 
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
@@ -78,19 +76,6 @@ def test_schedule_reads_16_bytes_and_spreads_columns_over_blocks():
     assert launch.grid[0] * launch.block[0] >= 768 // 4 and launch.block[0] % 32 == 0
     _, _, kernel, _ = case_kernel("bf16_sum_8x128x768")
     assert "vector=8" in compile_gpu_kernel(kernel, get_target("h200")).schedule
-
-
-def simulate_with_shared_memory(module, inputs, outputs):
-    """`simulate`, with the kernel's workgroup buffer passed as a last parameter and no barrier."""
-    lines = module.text.splitlines()
-    head = next(i for i, line in enumerate(lines) if "gpu.func" in line)
-    match = re.search(r" workgroup\((%\w+) : memref<(\d+)x(\w+), #gpu.address_space<workgroup>>\)", lines[head])
-    name, size, dtype = match.groups()
-    lines[head] = lines[head].replace(match.group(0), "").replace(") kernel", f", {name}: memref<{size}x{dtype}>) kernel")
-    text = "\n".join(line for line in lines if line.strip() != "gpu.barrier")
-    text = text.replace(", #gpu.address_space<workgroup>", "")
-    shared = aligned(np.zeros(int(size), {"f32": np.float32, "i32": np.int32, "f64": np.float64}[dtype]))
-    simulate(dataclasses.replace(module, text=text), inputs, outputs + [shared])
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from jnova.dialect.ir import Func, Op, Value
 from jnova.dialect.ops import FallbackOp
+from jnova.dialect.types import itemsize
 
 
 @dataclass
@@ -29,6 +30,7 @@ class BatchedKernel(Kernel):
 
 
 MAX_BATCH_PARAMS = 256  # pointers per batched kernel: 2 KiB of the 4 KiB of kernel parameters
+MAX_DELAYED_BYTES = 512 * 2**20  # memory a batch may keep alive past its members' own positions
 
 
 @dataclass
@@ -237,22 +239,35 @@ def kernels_from_fusion(func: Func, groups) -> Plan:
     return plan
 
 
-def batch_terminal_kernels(plan: Plan, batchable, max_params: int = MAX_BATCH_PARAMS) -> Plan:
+def batch_terminal_kernels(plan: Plan, batchable, max_params: int = MAX_BATCH_PARAMS,
+                           max_delayed_bytes: int = MAX_DELAYED_BYTES) -> Plan:
     """The plan with its terminal kernels that `batchable` accepts launched in batches (horizontal
     fusion): a kernel is terminal when the step returns its outputs and no other step reads them (an
     optimizer's per-leaf update), so no terminal kernel reads what another writes and each batch may run
     where its last member ran, later than the others (their inputs are ready earlier). Batches take
-    kernels in plan order up to `max_params` parameters; a batch of one stays a plain kernel."""
+    kernels in plan order up to `max_params` parameters, and while the inputs whose last reader is an
+    earlier member (their buffers live until the batch runs) total at most `max_delayed_bytes`; a batch
+    of one stays a plain kernel."""
     returned = set(plan.func.returns)
-    read = {v for step in plan.steps for v in (step.inputs if isinstance(step, Kernel) else step.operands)}
+    inputs_of = [step.inputs if isinstance(step, Kernel) else step.operands for step in plan.steps]
+    read = {v for vs in inputs_of for v in vs}
+    last_reader = {v: i for i, vs in enumerate(inputs_of) for v in vs}
+    position = {id(step): i for i, step in enumerate(plan.steps)}
+
+    def dying_bytes(k: Kernel) -> int:  # what delaying `k` keeps alive (the step's arguments live throughout)
+        return sum(v.type.size * itemsize(v.type.dtype) for v in set(k.inputs)
+                   if v.owner is not None and last_reader[v] == position[id(k)])
+
     candidates = [s for s in plan.steps if isinstance(s, Kernel) and s.outputs and batchable(s)
                   and all(v in returned and v not in read for v in s.outputs)]
-    batches, current, params = [], [], set()
+    batches, current, params, delayed = [], [], set(), 0
     for k in candidates:
         own = set(k.inputs) | set(k.outputs)
-        if current and len(params | own) > max_params:
+        if current and (len(params | own) > max_params or delayed + dying_bytes(current[-1]) > max_delayed_bytes):
             batches.append(current)
-            current, params = [], set()
+            current, params, delayed = [], set(), 0
+        if current:
+            delayed += dying_bytes(current[-1])
         current.append(k)
         params |= own
     batches.append(current)
@@ -271,7 +286,9 @@ def batch_terminal_kernels(plan: Plan, batchable, max_params: int = MAX_BATCH_PA
 
 
 def gpu_batchable(kernel: Kernel) -> bool:
-    """What the GPU batches: kernels the elementwise builder takes (`codegen/gpu/batched.py`)."""
+    """What the GPU batches: kernels the elementwise or column-reduction builder takes
+    (`codegen/gpu/batched.py`)."""
+    from jnova.codegen.gpu.column_reduction import column_reduction_refusal
     from jnova.codegen.gpu.elementwise import elementwise_refusal
 
-    return elementwise_refusal(kernel) is None
+    return elementwise_refusal(kernel) is None or column_reduction_refusal(kernel) is None

@@ -25,11 +25,11 @@ from jnova.codegen.gpu.emitter import (GpuEmitter, GpuModule, gpu_module_text, k
                                        scalar_constant, widen_for_exchange)
 from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, widest_vector
 from jnova.codegen.gpu.reduction import one_reduction_refusal, sized_dims, the_reduce
-from jnova.codegen.linalg.emitter import compute_dtype
+from jnova.codegen.linalg.emitter import compute_dtype, element
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.codegen.linalg.rules_reduce import combine, reduce_init
 from jnova.dialect.ops import ReduceOp
-from jnova.dialect.types import itemsize
+from jnova.dialect.types import bitwidth, itemsize
 from jnova.passes.form_kernels import Kernel
 from jnova.runtime.target import Target
 
@@ -100,14 +100,37 @@ def build_column_reduction(kernel: Kernel, target: Target,
     if reason:
         raise LoweringError(f"{kernel.name} is not a column reduction: {reason}")
     sched = sched or choose_column_reduction_schedule(kernel, target)
+    params, memrefs, outs = kernel_params(kernel.inputs, kernel.outputs)
+    em = GpuEmitter()
+    bid, tid = em.op("gpu.block_id x"), em.op("gpu.thread_id x")
+    partials = em.fresh("partials")
+    column_reduction_body(em, kernel, memrefs, outs, bid, tid, sched, partials)
+    text = gpu_module_text(kernel.name, target, params, em.lines, sched.block, [partials_buffer(kernel, sched, partials)])
+    return GpuModule(kernel.name, text, (sched.grid, 1, 1), (sched.block, 1, 1), 0, str(sched))
+
+
+def partials_buffer(kernel: Kernel, sched: ColumnReductionSchedule, name: str) -> str:
+    """The workgroup buffer of the block's partial values (`name : memref<...>`)."""
+    return f"{name} : {_buffer_type(kernel, sched.block * sched.vector)}"
+
+
+def partials_slot_type(kernel: Kernel) -> str:
+    acc_dtype = compute_dtype(the_reduce(kernel).operands[0].type.dtype)
+    return "i32" if acc_dtype == "bool" or bitwidth(acc_dtype) < 32 else element(acc_dtype)
+
+
+def _buffer_type(kernel: Kernel, slots: int) -> str:
+    return f"memref<{slots}x{partials_slot_type(kernel)}, #gpu.address_space<workgroup>>"
+
+
+def column_reduction_body(em: GpuEmitter, kernel: Kernel, memrefs: dict, outs: list[str], bid: str, tid: str,
+                          sched: ColumnReductionSchedule, partials: str, slots: int | None = None) -> None:
+    """Block `bid` of the column reduction (`partials`: a workgroup buffer of at least block * vector
+    slots, `slots` of them; several reductions launched as one share it, see `batched.py`)."""
     reduce = the_reduce(kernel)
     kind, x = reduce.attrs["kind"], reduce.operands[0]
     acc_dtype = compute_dtype(x.type.dtype)
-    params, memrefs, outs = kernel_params(kernel.inputs, kernel.outputs)
-    em = GpuEmitter()
     init = scalar_constant(em.scalar(), reduce_init(kind, acc_dtype), acc_dtype)
-
-    bid, tid = em.op("gpu.block_id x"), em.op("gpu.thread_id x")
     column_thread = em.op(f"arith.remui {tid}, {em.index(sched.col_threads)} : index")
     row_lane = em.op(f"arith.divui {tid}, {em.index(sched.col_threads)} : index")
     group = em.op(f"arith.addi {em.op(f'arith.muli {bid}, {em.index(sched.col_threads)} : index')}, "
@@ -119,7 +142,8 @@ def build_column_reduction(kernel: Kernel, target: Target,
     # 1. each thread folds its rows of its column group (an invalid group has none)
     accs = _fold_rows(em, kind, acc_dtype, x, memrefs, init, row_lane, rows, column, sched)
     # 2. partials to shared memory; the group's last row lane folds them in row-lane order
-    accs, workgroup = _across_row_lanes(em, kind, acc_dtype, accs, init, tid, column_thread, sched)
+    buffer = _buffer_type(kernel, slots or sched.block * sched.vector)
+    accs = _across_row_lanes(em, kind, acc_dtype, accs, init, tid, column_thread, sched, partials, buffer)
     # 3. ... and applies the epilogue and stores the group's outputs
     last = em.op(f"arith.cmpi eq, {row_lane}, {em.index(sched.row_lanes - 1)} : index")
     with em.region(f"scf.if {em.op(f'arith.andi {valid}, {last} : i1')} {{"):
@@ -130,8 +154,6 @@ def build_column_reduction(kernel: Kernel, target: Target,
             offset = column if lane == 0 else em.op(f"arith.addi {column}, {em.index(lane)} : index")
             for v, mem in zip(kernel.outputs, outs):
                 evaluator.store(v, mem, Point(v.type.shape, 1, True, flat=offset))
-    text = gpu_module_text(kernel.name, target, params, em.lines, sched.block, workgroup)
-    return GpuModule(kernel.name, text, (sched.grid, 1, 1), (sched.block, 1, 1), 0, str(sched))
 
 
 def _fold_rows(em: GpuEmitter, kind: str, dtype: str, x, memrefs, init: str, row_lane: str, rows: str,
@@ -153,14 +175,12 @@ def _fold_rows(em: GpuEmitter, kind: str, dtype: str, x, memrefs, init: str, row
 
 
 def _across_row_lanes(em: GpuEmitter, kind: str, dtype: str, accs: list[str], init: str, tid: str,
-                      column_thread: str, sched: ColumnReductionSchedule) -> tuple[list[str], list[str]]:
+                      column_thread: str, sched: ColumnReductionSchedule, partials: str, buffer: str) -> list[str]:
     """Every thread stores its partials at slot `tid * vector + lane`; after a barrier each thread
     folds its column group's slots over the row lanes (only the last row lane's result is used: it is
     the thread that runs last when the kernel is emulated one thread after another)."""
     n = sched.vector
     wide_init, slot_type = widen_for_exchange(em.scalar(), init, dtype)
-    partials = em.fresh("partials")
-    buffer = f"memref<{sched.block * n}x{slot_type}, #gpu.address_space<workgroup>>"
     base = em.op(f"arith.muli {tid}, {em.index(n)} : index")
     for lane, acc in enumerate(accs):
         slot = base if lane == 0 else em.op(f"arith.addi {base}, {em.index(lane)} : index")
@@ -180,4 +200,4 @@ def _across_row_lanes(em: GpuEmitter, kind: str, dtype: str, accs: list[str], in
             folded.append(combine(s, kind, dtype, narrow_after_exchange(s, a, dtype), value))
         em.line(f"scf.yield {', '.join(widen_for_exchange(s, f, dtype)[0] for f in folded)} : "
                 f"{', '.join([slot_type] * n)}")
-    return [narrow_after_exchange(em.scalar(), a, dtype) for a in out], [f"{partials} : {buffer}"]
+    return [narrow_after_exchange(em.scalar(), a, dtype) for a in out]

@@ -100,6 +100,36 @@ def test_batched_kernel_simulated_on_cpu_matches_lax(seed):
     assert simulated and not problems, problems
 
 
+def layers_step(params, state, x):  # three layers of one shape: their updates are the same code
+    def loss(p):
+        h = x
+        for i in range(3):
+            h = jnp.tanh(h @ p[f"w{i}"] + p[f"b{i}"])
+        return jnp.mean(h ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, state = optax.adamw(1e-3).update(grads, state, params)
+    return value, optax.apply_updates(params, updates), state
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_segments_of_one_kind_share_their_code(seed):
+    """Each layer's weight update and bias update (a column reduction's epilogue) is one body in the
+    batch, run by a block range per layer whose arrays are selected by the layer's index: simulated
+    against jax.lax, every layer's result is its own."""
+    rng = np.random.default_rng(seed)
+    params = {f"{k}{i}": jnp.asarray(rng.standard_normal(s), jnp.float32)
+              for i in range(3) for k, s in (("w", (40, 40)), ("b", (40,)))}
+    x = jnp.asarray(rng.standard_normal((24, 40)), jnp.float32)
+    _, plan = gpu_plan(layers_step, params, optax.adamw(1e-3).init(params), x)
+    (batch,) = batched(plan)
+    launch = compile_gpu_kernel(batch, TARGET)
+    assert len(batch.segments) == 6 and "3x1600:" in launch.schedule and "3x40:c" in launch.schedule, launch.schedule
+    assert launch.gpu_module.count("scf.for") == 2 + 1  # one column-reduction body (two loops), one elementwise
+    simulated, problems = check_kernel(batch, TARGET, rng)
+    assert simulated and not problems, problems
+
+
 @requires_ptxas
 def test_batched_kernel_assembles_and_covers_every_segment():
     from test_gpu_codegen import assert_assembles_without_spills

@@ -115,10 +115,10 @@ def test_softmax_and_layer_norm_are_one_kernel_forward_and_backward():
     (kernel,) = gpu_plan(layer_norm, x, w, b)[1].kernels
     assert build_gpu_module(kernel, TARGET).schedule.startswith("row_program(")
     # forward and backward: a row program each (the backward's row reductions and the input's gradient);
-    # the scale's and shift's gradients are column reductions (sums over the rows), kernels of their own
+    # the scale's and shift's gradients are column reductions (sums over the rows), returned: one batch
     kernels = gpu_plan(jax.grad(lambda x, w, b: jnp.sum(layer_norm(x, w, b) * g), (0, 1, 2)), x, w, b)[1].kernels
     schedules = sorted(build_gpu_module(k, TARGET).schedule.split("(")[0] for k in kernels)
-    assert schedules == ["column_reduction", "column_reduction", "elementwise", "row_program", "row_program"]
+    assert schedules == ["batched_elementwise", "elementwise", "row_program", "row_program"]
 
 
 def test_tiny_transformer_plans_row_programs_that_simulate_right():

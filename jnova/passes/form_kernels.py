@@ -140,11 +140,7 @@ def merge_neighbours(func: Func, groups, accepts) -> list:
     order = {op: i for i, op in enumerate(func.ops)}
     returned = set(func.returns)
     members = [set(g.ops) for g in groups]
-    readers: dict[Value, set[int]] = {}
-    for gi, g in enumerate(groups):
-        for op in g.ops:
-            for v in op.operands:
-                readers.setdefault(v, set()).add(gi)
+    readers = _group_readers(groups)
 
     def joins(ids: set[int], ops: set[Op], gi: int) -> bool:
         read = {v for op in ops for v in op.operands}
@@ -161,13 +157,8 @@ def merge_neighbours(func: Func, groups, accepts) -> list:
                     return False
         if not connected:
             return False
-        union = ops | members[gi]
-        ids = ids | {gi}
-        kernel_ops = sorted(union, key=order.__getitem__)
-        defined = {r for op in kernel_ops for r in op.results}
-        inputs = list(dict.fromkeys(v for op in kernel_ops for v in op.operands if v not in defined))
-        outputs = [r for op in kernel_ops for r in op.results
-                   if r in returned or any(gj not in ids and op not in members[gj] for gj in readers.get(r, ()))]
+        kernel_ops = sorted(ops | members[gi], key=order.__getitem__)
+        inputs, outputs = _boundary(kernel_ops, ids | {gi}, members, readers, returned)
         return bool(outputs) and accepts(Kernel("merged", kernel_ops, inputs, outputs))
 
     out, ids, ops = [], set(), set()
@@ -211,32 +202,40 @@ def kernels_from_fusion(func: Func, groups) -> Plan:
     """
     returned = set(func.returns)
     members = [set(g.ops) for g in groups]
-    readers: dict[Value, list[int]] = {}
-    for gi, g in enumerate(groups):
-        for op in g.ops:
-            for v in op.operands:
-                readers.setdefault(v, []).append(gi)
+    readers = _group_readers(groups)
     plan = Plan(func)
     for gi, g in enumerate(groups):
         if g.kind == "fallback":
             plan.steps.append(g.ops[0])
             continue
-        defined = {r for op in g.ops for r in op.results}
-        inputs, seen = [], set()
-        for op in g.ops:
-            for v in op.operands:
-                if v not in defined and v not in seen:
-                    seen.add(v)
-                    inputs.append(v)
+        inputs, outputs = _boundary(g.ops, {gi}, members, readers, returned)
         if g.kind == "contraction":  # the contraction kernel's parameter order: A, B, then the bias it
             matmul = next(op for op in g.ops if op.name == "nova.matmul")  # broadcasts, then the rest
             bias = {op.operands[0] for op in g.ops if op.name == "nova.broadcast"}
             inputs.sort(key=lambda v: (matmul.operands.index(v) if v in matmul.operands else 2 + (v not in bias)))
-        outputs = [r for op in g.ops for r in op.results
-                   if r in returned or any(gj != gi and op not in members[gj] for gj in readers.get(r, ()))]
         if outputs:
             plan.steps.append(Kernel(f"kernel_{len(plan.kernels)}", g.ops, inputs, outputs))
     return plan
+
+
+def _group_readers(groups) -> dict[Value, set[int]]:
+    """The groups (by index) whose ops read each value."""
+    readers: dict[Value, set[int]] = {}
+    for gi, g in enumerate(groups):
+        for op in g.ops:
+            for v in op.operands:
+                readers.setdefault(v, set()).add(gi)
+    return readers
+
+
+def _boundary(ops: list[Op], ids: set[int], members: list[set[Op]], readers, returned) -> tuple[list, list]:
+    """(inputs, outputs) of a kernel of `ops` (the groups `ids`): an output is returned, or read by
+    another group without its own copy of the defining op (constants and broadcasts are recomputed)."""
+    defined = {r for op in ops for r in op.results}
+    inputs = list(dict.fromkeys(v for op in ops for v in op.operands if v not in defined))
+    outputs = [r for op in ops for r in op.results
+               if r in returned or any(gj not in ids and op not in members[gj] for gj in readers.get(r, ()))]
+    return inputs, outputs
 
 
 def batch_terminal_kernels(plan: Plan, batchable, max_params: int = MAX_BATCH_PARAMS,

@@ -84,7 +84,7 @@ def row_program_refusal(kernel: Kernel) -> str | None:
     split = row_split(kernel)
     if isinstance(split, str):
         return split
-    reduces = row_reductions(kernel)
+    reduces = set(row_reductions(kernel))
     for op in kernel.ops:
         reason = None if op in reduces else unsupported_op(op)
         if reason:
@@ -135,8 +135,8 @@ def _vector(kernel: Kernel, split: RowSplit) -> int:
     """16 bytes of the widest array, within a row; within the innermost dim too where an op's lanes
     must stay in it (broadcasts, iota, data movement)."""
     cols = math.prod(split.full[len(split.row):])
-    inner = cols if reads_at_own_offsets(op for op in kernel.ops if op not in row_reductions(kernel)) \
-        else math.gcd(cols, split.full[-1])
+    reduces = set(row_reductions(kernel))
+    inner = cols if reads_at_own_offsets(op for op in kernel.ops if op not in reduces) else math.gcd(cols, split.full[-1])
     return widest_vector([v.type for v in kernel.inputs + kernel.outputs], inner)
 
 

@@ -5,12 +5,14 @@ One configuration per process (peak memory cannot be reset), so run it once per 
     python benchmarks/gpt2_step.py --impl jnova --dtype float32 [--batch 8 --seq 1024 --steps 20]
     python benchmarks/gpt2_step.py --impl xla --dtype bfloat16
 
-`--dtype bfloat16` means f32 weights with bf16 contraction operands: jnova's mixed_precision="bf16",
-XLA's jax.default_matmul_precision("bfloat16"). Prints one JSON record per line (DESIGN.md's format)
-and appends them to $OUT/gpt2_step.jsonl when OUT is set. With a persistent cache directory set
-(JNOVA_CACHE_DIR), a second jnova process measures the warm compile; with --xla-cache, XLA's compile
-of the step around jnova's kernels is cached too (jnova.enable_xla_cache). XLA's own runs never use a
-compilation cache (their compile time is a cold compile).
+`--dtype bfloat16` means f32 weights with bf16 contraction operands and f32 accumulation: jnova's
+mixed_precision="bf16", and for XLA the same step with every contraction's operands cast to bf16
+(`demote_dots`); `jax.default_matmul_precision("bfloat16")` is not that on a GPU (XLA runs TF32 there).
+Prints one JSON record per line (DESIGN.md's format) and appends them to $OUT/gpt2_step.jsonl when OUT
+is set. With a persistent cache directory set (JNOVA_CACHE_DIR), a second jnova process measures the
+warm compile; with --xla-cache, XLA's compile of the step around jnova's kernels is cached too
+(jnova.enable_xla_cache). XLA's own runs never use a compilation cache (their compile time is a cold
+compile).
 """
 from __future__ import annotations
 
@@ -63,9 +65,56 @@ def compile_step(impl: str, dtype: str, step, batch):
         compiled = jnova.compile(step, mixed_precision="bf16" if dtype == "bfloat16" else None)
         compiled.lower(*batch)
         return compiled, compiled
-    precision = "bfloat16" if dtype == "bfloat16" else "tensorfloat32"
-    with jax.default_matmul_precision(precision):
+    if dtype == "bfloat16":  # XLA with the same arithmetic: bf16 operands, f32 accumulation
+        return jax.jit(demote_dots(step)).lower(*batch).compile(), None
+    with jax.default_matmul_precision("tensorfloat32"):
         return jax.jit(step).lower(*batch).compile(), None
+
+
+INLINED = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "remat": "jaxpr", "checkpoint": "jaxpr",
+           "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr"}
+
+
+def demote_dots(fn):
+    """`fn` with every f32 x f32 -> f32 contraction taking bf16 operands and accumulating in f32: the
+    arithmetic of jnova's mixed_precision="bf16", for XLA to run. (`jax.default_matmul_precision
+    ("bfloat16")` does not do this on a GPU: XLA keeps f32 operands there and runs TF32.) The step is
+    traced and re-evaluated with calls inlined; a contraction inside a loop or branch raises."""
+
+    def demoted(*args):
+        closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+        outs = _eval_demoted(closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args))
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes), outs)
+
+    return demoted
+
+
+def _eval_demoted(jaxpr, consts, args):
+    env = {}
+    read = lambda v: v.val if isinstance(v, jax.extend.core.Literal) else env[v]
+    for var, value in zip(jaxpr.constvars, consts):
+        env[var] = value
+    for var, value in zip(jaxpr.invars, args):
+        env[var] = value
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name in INLINED:
+            sub = eqn.params[INLINED[name]]
+            inner, inner_consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, [])
+            outs = _eval_demoted(inner, inner_consts, invals)
+        elif name == "dot_general" and all(v.aval.dtype == jnp.float32 for v in eqn.invars) \
+                and eqn.outvars[0].aval.dtype == jnp.float32:
+            lhs, rhs = (x.astype(jnp.bfloat16) for x in invals)
+            outs = [eqn.primitive.bind(lhs, rhs, **{**eqn.params, "preferred_element_type": jnp.float32})]
+        elif any("dot_general" in str(p) for p in eqn.params.values()):
+            raise NotImplementedError(f"demote_dots: a contraction inside {name}")
+        else:
+            outs = eqn.primitive.bind(*invals, **eqn.params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for var, value in zip(eqn.outvars, outs):
+            env[var] = value
+    return [read(v) for v in jaxpr.outvars]
 
 
 def main():

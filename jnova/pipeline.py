@@ -1,7 +1,8 @@
 """The jnova compiler, top to bottom: one named call per stage.
 
     trace -> (persistent cache: restore and stop here on a hit)
-          -> to_nova -> verify -> canonicalize -> cse -> (mixed precision) -> dce -> fuse -> form_kernels
+          -> to_nova -> verify -> canonicalize -> cse -> (mixed precision) -> dce
+          -> (GPU plan: align, split_k, transpose) -> fuse -> form_kernels
           -> (in-memory cache by structural hash)
           -> CPU: kernel_to_linalg -> CPU pass pipeline -> LLVM JIT
              GPU: per kernel, a gpu.module from its builder -> PTX
@@ -31,12 +32,14 @@ from jnova.options import Options
 from jnova.passes.canonicalize import canonicalize
 from jnova.passes.cse import cse
 from jnova.passes.dce import dce
-from jnova.passes.form_kernels import (batch_terminal_kernels, form_kernels, gpu_batchable, gpu_mergeable,
-                                      kernels_from_fusion, merge_neighbours, plan_to_json,
+from jnova.passes.form_kernels import (Kernel, batch_terminal_kernels, form_kernels, gpu_batchable,
+                                      gpu_mergeable, kernels_from_fusion, merge_neighbours, plan_to_json,
                                       split_contraction_epilogues)
 from jnova.passes.fuse import fuse
 from jnova.passes.align_contractions import align_contractions
 from jnova.passes.mixed_precision import demote_contractions
+from jnova.passes.split_contractions import split_contractions
+from jnova.passes.transpose_operands import transpose_operands
 from jnova.primitives import backends
 from jnova.primitives.executor import step_function
 from jnova.runtime.cache import ARTIFACTS
@@ -76,6 +79,7 @@ class Executable:
         """Kernels, ops, fallbacks, cache hit and compile time per stage of this signature."""
         steps = self.meta["plan"]["steps"]
         return {"backend": self.meta["backend"], "kernels": sum("kernel" in s for s in steps),
+                "views": sum("view" in s for s in steps),
                 "nova_ops": self.meta["nova_ops"], "fallbacks": [s["fallback"] for s in steps if "fallback" in s],
                 "xla_groups": len(self.meta["xla_groups"]), "cache_hit": self.cache_hit,
                 "compile_s": dict(self.times)}
@@ -136,6 +140,11 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     if per_group:
         with stage("align"):            # the GPU plan: contraction operands in whole 16-byte rows
             align_contractions(func)
+    if per_group and backend == "gpu":
+        with stage("split_k"):          # weight gradients that leave SMs idle: partial products over K
+            split_contractions(func, target)
+        with stage("transpose"):        # TF32: K-major operands where a transpose kernel pays for itself
+            transpose_operands(func, target)
     nova_text = "module {\n" + func.print() + "\n}\n"
     with stage("fuse"):                 # fusion groups, with a reason for every refused fusion
         fusion = fuse(func)
@@ -164,7 +173,7 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
                                     captured.in_avals, captured.out_avals), donate_argnums=donate)
     _dump(func.name, key, texts, meta, times)
     log.info("jnova compiled %s for %s: %d ops, %d kernels, %d fallbacks%s in %.2f s", func.name, target_name,
-             len(func.ops), len(plan.kernels), len(plan.steps) - len(plan.kernels),
+             len(func.ops), len(plan.kernels), sum(not isinstance(s, Kernel) for s in plan.steps),
              " (cache hit)" if cache_hit else "", sum(times.values()))
     return Executable(run, captured, meta, key, texts, times, "memory" if cache_hit else None)
 

@@ -42,12 +42,15 @@ def test_report_shapes_fit_smem_and_fill_the_sms(m, n, k, dtype):
 def test_wgmma_weighs_a_partial_wave_of_large_tiles(m, n, k):
     """wgmma: the chosen tiling is the fastest by waves x tile area / rung efficiency, so it never
     takes more waves of a smaller tile than the time model allows."""
-    from jnova.passes.configure_tiles import _decide, _wgmma_time
+    from jnova.passes.configure_tiles import _decide, _family, _wgmma_time
 
     for dtype in DTYPES:
-        d = _decide(ContractionProblem(m, n, k, operand_dtype=dtype), H200)
-        assert d.config.is_wgmma
-        assert all(_wgmma_time(d.chosen, d.config.mma) <= _wgmma_time(c, d.config.mma) for c in d.tried)
+        for layouts in (("row", "row"), ("col", "row")):
+            problem = ContractionProblem(m, n, k, operand_dtype=dtype, a_layout=layouts[0], b_layout=layouts[1])
+            d = _decide(problem, H200)
+            family = _family(problem, d.config.mma)
+            assert d.config.is_wgmma
+            assert all(_wgmma_time(d.chosen, family) <= _wgmma_time(c, family) for c in d.tried)
 
 
 def test_wgmma_tiles_measured_on_the_h200():

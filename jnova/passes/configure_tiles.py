@@ -19,7 +19,18 @@ The rules (Nova report, section 4.4):
 4. Pipeline depth: the deepest of 4, 3, 2 stages that fits the per-block opt-in shared memory
    (halving block_k only when even 2 stages do not fit).
 5. MMA kind from the operand dtype and target features; swizzle from the smem tile's row width.
-   split_k stays 1 (fused epilogues need the whole K sum); larger values come only from overrides.
+   A kernel's split_k stays 1 (fused epilogues need the whole K sum; larger values come only from
+   overrides).
+6. Split-K (`choose_split_k`, wgmma targets): a contraction whose contracting dims lead both operands
+   (a weight gradient, A as [K, M] and B as [K, N]) and whose tiles leave SMs idle is split into S
+   partial products over K/S each (a batched contraction, then a sum: `passes/split_contractions.py`),
+   S from 1..`SPLIT_K_MAX` minimizing waves x tile time (rule 2's weights, at the MN-major main loop's
+   measured rate) plus the partial products' DRAM traffic.
+7. Operand layouts (`choose_transposes`, TF32 on wgmma targets): wgmma reads TF32 operands K-major
+   only, so the kernel transposes an MN-major operand into shared memory 4 bytes at a time, which
+   slows its main loop (`TF32_LAYOUT_FRACTION`). An operand is transposed in a kernel of its own
+   first (`passes/transpose_operands.py`) when its DRAM round trip costs less than the main loop
+   gains, and its copy is at most `TRANSPOSE_MAX_BYTES` (memory held until the contraction runs).
 
 Attention is the exception (report, section 4.2): `attention_tiles` picks a fixed 64-row query tile and
 the largest key tile from a short seed list whose fused-loop footprint fits.
@@ -53,7 +64,31 @@ _MBARRIER_BYTES_PER_STAGE = 16  # full + empty mbarrier of a TMA/wgmma pipeline 
 # One SM's throughput on a wgmma tile of each rung, relative to the top rung's (H200, GPT-2 shapes,
 # benchmarks/matmul.py --variants, 2026-11-30): TF32 128x64 0.67-0.75, 128x128 0.63-0.75, 64x64 ~0.4
 # (MN-major TF32 operands are copied 4 bytes at a time); bf16 128x64 0.78-1.03, 128x128 0.8-1.05.
-WGMMA_TILE_EFFICIENCY = {"tf32": (0.4, 0.7, 0.68, 1.0), "16-bit": (0.5, 0.85, 0.85, 1.0)}
+WGMMA_TILE_EFFICIENCY = {"tf32": (0.4, 0.7, 0.68, 1.0), "16-bit": (0.5, 0.85, 0.85, 1.0),
+                         # TF32 with both operands MN-major (weight gradients; both copied 4 bytes at a
+                         # time): 128x64 tiles ran GPT-2's at ~70 TFLOP/s per full wave, 256x128 ones 126-139
+                         "tf32-mn": (0.3, 0.55, 0.68, 1.0)}
+
+
+SPLIT_K_MAX = 16
+SPLIT_K_MIN_K = 512  # contracting elements per partial product: the pipeline's fill and drain amortized
+SPLIT_K_SUM_LAUNCH_S = 4e-6  # the sum over the partial products, when it is a kernel of its own
+SPLIT_K_MIN_GAIN = 0.9  # a split must be estimated at most this fraction of the unsplit time
+SPLIT_K_DRAM_EFFICIENCY = 0.7  # of the DRAM bandwidth, writing and summing the partial products
+# Fraction of the tensor-core peak a top-rung wgmma tile sustains with both operands MN-major (H200:
+# benchmarks/matmul_layouts.py, 256x128 tiles, TF32 126-139 of 495 TFLOP/s, its operands transposed by
+# 4-byte copies; GPT-2's bf16 weight gradients, 128x64 tiles, 322 TFLOP/s in 2.2 waves, ~0.53 at the top rung)
+MN_MAJOR_PEAK_FRACTION = {"tf32": 0.27, "16-bit": 0.5}
+
+
+# TF32 wgmma's main-loop rate by operand layouts (a_layout, b_layout), as a fraction of the tensor-core
+# peak (H200, benchmarks/matmul_layouts.py, 256x128x32 tiles, 16384x3072x768 and 16384x768x3072:
+# rc 254/291 TFLOP/s, rr 188/207, cc 166/172, cr 126/139 of 495)
+TF32_LAYOUT_FRACTION = {("row", "col"): 0.55, ("row", "row"): 0.40, ("col", "col"): 0.34, ("col", "row"): 0.27}
+TRANSPOSE_DRAM_EFFICIENCY = 0.5  # of the DRAM bandwidth, for a transpose kernel's read and write
+TRANSPOSE_LAUNCH_S = 4e-6
+TRANSPOSE_MAX_BYTES = 256 * 2**20
+TRANSPOSE_MIN_GAIN = 0.9  # transposes must be estimated at most this fraction of the time without
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +278,7 @@ def _decide(problem: ContractionProblem, target: Target) -> _Decision:
             chosen = best
             break
     if mma.startswith("wgmma"):
-        chosen = min(tried, key=lambda c: _wgmma_time(c, mma))
+        chosen = min(tried, key=lambda c: _wgmma_time(c, _family(problem, mma)))
     elif chosen is None:  # too small for a full wave at any rung: the best fill (larger tile on ties)
         chosen = max(tried, key=lambda c: (round(c.fill, 6), c.block_m * c.block_n))
     memory_side = chosen.intensity < balance
@@ -254,13 +289,100 @@ def _decide(problem: ContractionProblem, target: Target) -> _Decision:
     return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config)
 
 
-def _wgmma_time(c: _Candidate, mma: str) -> float:
+def choose_split_k(problem: ContractionProblem, target: Target) -> int:
+    """How many partial products over K a contraction is split into (rule 6); 1 = not split."""
+    return _best_split(_split_times(problem, target))
+
+
+def explain_split_k(problem: ContractionProblem, target: Target) -> str:
+    """The estimated time of every split `choose_split_k` weighed, for debug logs."""
+    times = _split_times(problem, target)
+    best = _best_split(times)
+    return "; ".join(f"{'*' if s == best else ''}S={s}: {t * 1e6:.1f} us" for s, t in times)
+
+
+def _best_split(times: list[tuple[int, float]]) -> int:
+    """The fastest split, if it saves at least `1 - SPLIT_K_MIN_GAIN` of the unsplit time (the model's
+    error is larger than a few percent; a split costs memory and a kernel)."""
+    split, seconds = min(times, key=lambda st: (st[1], st[0]))
+    return split if seconds <= SPLIT_K_MIN_GAIN * times[0][1] else 1
+
+
+def _split_times(problem: ContractionProblem, target: Target) -> list[tuple[int, float]]:
+    """(S, estimated seconds) for S = 1 and every split that rule 6 allows."""
+    mma = _mma_kind(problem.operand_dtype, target)
+    whole = [(1, _contraction_seconds(problem, target, mma))]
+    if not (mma.startswith("wgmma") and problem.batch == 1 and problem.a_layout == "col"
+            and problem.b_layout == "row"):
+        return whole
+    partial_bytes = problem.m * problem.n * OPERAND_BYTES[problem.out_dtype]
+    for s in range(2, SPLIT_K_MAX + 1):
+        if problem.k % s or problem.k // s < SPLIT_K_MIN_K:
+            continue
+        part = dataclasses.replace(problem, batch=s, k=problem.k // s)
+        # the partial products are written and read back once more than the result would be
+        extra = 2 * s * partial_bytes / (SPLIT_K_DRAM_EFFICIENCY * target.dram_bytes_per_s) + SPLIT_K_SUM_LAUNCH_S
+        whole.append((s, _contraction_seconds(part, target, mma) + extra))
+    return whole
+
+
+def choose_transposes(problem: ContractionProblem, target: Target) -> tuple[bool, bool]:
+    """Whether A and B are transposed into K-major copies before the contraction (rule 7)."""
+    times = _transpose_times(problem, target)
+    best = min(times, key=lambda option: (times[option], sum(option)))
+    return best if times[best] <= TRANSPOSE_MIN_GAIN * times[(False, False)] else (False, False)
+
+
+def explain_transposes(problem: ContractionProblem, target: Target) -> str:
+    times = _transpose_times(problem, target)
+    chosen = choose_transposes(problem, target)
+    return "; ".join(f"{'*' if option == chosen else ''}transpose A={option[0]} B={option[1]}: {t * 1e6:.1f} us"
+                     for option, t in times.items())
+
+
+def _transpose_times(problem: ContractionProblem, target: Target) -> dict[tuple[bool, bool], float]:
+    """Estimated seconds (main loop + transposes) of each allowed choice of operands to transpose."""
+    if problem.operand_dtype != "float32" or not target.has("wgmma"):
+        return {(False, False): 0.0}
+    sizes = (problem.batch * problem.m * problem.k * 4, problem.batch * problem.k * problem.n * 4)
+    can = (problem.a_layout == "col" and sizes[0] <= TRANSPOSE_MAX_BYTES,
+           problem.b_layout == "row" and sizes[1] <= TRANSPOSE_MAX_BYTES)
+    peak = target.peak_tensor_flops("float32")
+    times = {}
+    for option in ((False, False), (True, False), (False, True), (True, True)):
+        if any(t and not c for t, c in zip(option, can)):
+            continue
+        layouts = ("row" if option[0] else problem.a_layout, "col" if option[1] else problem.b_layout)
+        seconds = problem.flops / (TF32_LAYOUT_FRACTION[layouts] * peak)
+        for transposed, size in zip(option, sizes):
+            if transposed:
+                seconds += 2 * size / (TRANSPOSE_DRAM_EFFICIENCY * target.dram_bytes_per_s) + TRANSPOSE_LAUNCH_S
+        times[option] = seconds
+    return times
+
+
+def _contraction_seconds(problem: ContractionProblem, target: Target, mma: str) -> float:
+    """The main loop's time of the tiles `choose_tiles` gives `problem`: waves x one tile's FLOPs at
+    the rung's efficiency times the MN-major rate of one SM."""
+    c = _decide(problem, target).chosen
+    fraction = MN_MAJOR_PEAK_FRACTION["tf32" if "tf32" in mma else "16-bit"]
+    per_sm = target.peak_tensor_flops(problem.operand_dtype) / target.sm_count * fraction
+    return _wgmma_time(c, _family(problem, mma)) * 2 * problem.k / per_sm
+
+
+def _family(problem: ContractionProblem, mma: str) -> str:
+    """The row of `WGMMA_TILE_EFFICIENCY` for `problem` on `mma`."""
+    if "tf32" not in mma:
+        return "16-bit"
+    return "tf32-mn" if (problem.a_layout, problem.b_layout) == ("col", "row") else "tf32"
+
+
+def _wgmma_time(c: _Candidate, family: str) -> float:
     """A wgmma tiling's time, in units of one SM's time on a top-rung tile area: waves x tile area /
     the rung's relative efficiency. A small tile finishes sooner but computes slower (fewer FLOP per
     shared-memory byte, more copy work per FLOP), so a partial wave of large tiles can win."""
     rung = next(i for i, tiles in enumerate(TILE_LADDER) if (c.block_m, c.block_n) in tiles)
-    efficiency = WGMMA_TILE_EFFICIENCY["tf32" if "tf32" in mma else "16-bit"][rung]
-    return c.waves * c.block_m * c.block_n / efficiency
+    return c.waves * c.block_m * c.block_n / WGMMA_TILE_EFFICIENCY[family][rung]
 
 
 def _mma_kind(operand_dtype: str, target: Target) -> str:

@@ -29,6 +29,12 @@ class BatchedKernel(Kernel):
     segments: list[Kernel] = field(default_factory=list)
 
 
+@dataclass
+class View(Kernel):
+    """A group that is one reshape: no data moves, so it is no kernel. The step function reshapes the
+    array (XLA makes it a bitcast of the same buffer); `Plan.kernels` leaves views out."""
+
+
 MAX_BATCH_PARAMS = 256  # pointers per batched kernel: 2 KiB of the 4 KiB of kernel parameters
 MAX_DELAYED_BYTES = 512 * 2**20  # memory a batch may keep alive past its members' own positions
 
@@ -42,7 +48,7 @@ class Plan:
 
     @property
     def kernels(self) -> list[Kernel]:
-        return [s for s in self.steps if isinstance(s, Kernel)]
+        return [s for s in self.steps if isinstance(s, Kernel) and not isinstance(s, View)]
 
     def kernels_json(self) -> list[dict]:
         """The kernel steps of `plan_to_json(self)`."""
@@ -95,7 +101,10 @@ def plan_to_json(plan: Plan) -> dict:
             ids[r] = len(ids)
     steps = []
     for step in plan.steps:
-        if isinstance(step, Kernel):
+        if isinstance(step, View):
+            steps.append({"view": step.name, "in": [ids[step.inputs[0]]], "out": [ids[step.outputs[0]]],
+                          "out_types": [[list(step.outputs[0].type.shape), step.outputs[0].type.dtype]]})
+        elif isinstance(step, Kernel):
             steps.append({"kernel": step.name, "in": [ids[v] for v in step.inputs], "out": [ids[v] for v in step.outputs],
                           "out_types": [[list(v.type.shape), v.type.dtype] for v in step.outputs]})
         else:
@@ -213,7 +222,9 @@ def kernels_from_fusion(func: Func, groups) -> Plan:
             matmul = next(op for op in g.ops if op.name == "nova.matmul")  # broadcasts, then the rest
             bias = {op.operands[0] for op in g.ops if op.name == "nova.broadcast"}
             inputs.sort(key=lambda v: (matmul.operands.index(v) if v in matmul.operands else 2 + (v not in bias)))
-        if outputs:
+        if outputs and len(g.ops) == 1 and g.ops[0].name == "nova.reshape":
+            plan.steps.append(View(f"view_{len(plan.steps)}", g.ops, inputs, outputs))
+        elif outputs:
             plan.steps.append(Kernel(f"kernel_{len(plan.kernels)}", g.ops, inputs, outputs))
     return plan
 
@@ -257,7 +268,7 @@ def batch_terminal_kernels(plan: Plan, batchable, max_params: int = MAX_BATCH_PA
         return sum(v.type.size * itemsize(v.type.dtype) for v in set(k.inputs)
                    if v.owner is not None and last_reader[v] == position[id(k)])
 
-    candidates = [s for s in plan.steps if isinstance(s, Kernel) and s.outputs and batchable(s)
+    candidates = [s for s in plan.steps if isinstance(s, Kernel) and not isinstance(s, View) and s.outputs and batchable(s)
                   and all(v in returned and v not in read for v in s.outputs)]
     batches, current, params, delayed = [], [], set(), 0
     for k in candidates:

@@ -30,7 +30,9 @@ def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], con
         env: dict[int, object] = dict(enumerate(flat_args + list(const_args)))
         for step in plan["steps"]:
             ins = [env[i] for i in step["in"]]
-            if "kernel" in step:
+            if "view" in step:  # a reshape: XLA makes it a bitcast
+                outs = [jax.lax.reshape(ins[0], tuple(step["out_types"][0][0]))]
+            elif "kernel" in step:
                 handle = handles[step["kernel"]]
                 if isinstance(handle, KernelHandle):
                     outs = nova_kernel_p.bind(*ins, kernel=handle)

@@ -159,6 +159,22 @@ def test_row_program_kernel_matches_jnp(name):
     assert launch.schedule.startswith("row_program(")
 
 
+TRANSPOSES = {
+    "weight_768x3072": (lambda x: x.T, [((768, 3072), f32)]),
+    "ragged_100x36": (lambda x: x.T, [((100, 36), f32)]),
+    "split_k_view_8x1024x768": (lambda x: x.reshape(4, 2048, 768).transpose(0, 2, 1), [((8, 1024, 768), f32)]),
+    "int32_dim_groups": (lambda x: x.transpose(2, 3, 0, 1), [((4, 8, 12, 20), i32)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSPOSES))
+def test_tiled_transpose_kernel_matches_jnp(name):
+    """The tiled transpose (shared-memory tile, 16-byte accesses): exact, ragged tiles included."""
+    fn, specs = TRANSPOSES[name]
+    launch = check(fn, specs, 0)
+    assert launch.schedule.startswith("transpose(")
+
+
 def test_launch_without_poison_inside_a_jitted_step():
     rng = np.random.default_rng()
     x, y = rand((1000, 77), f32, rng), rand((1000, 77), f32, rng)

@@ -23,3 +23,55 @@ def test_tiny_transformer_step_matches_jit(mixed_precision):
     rtol = 2e-2 if mixed_precision else 4 * 2.0**-10
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol * (np.abs(np.asarray(b)).max() + 1e-6))
+
+
+@pytest.mark.parametrize("mixed_precision", [None, "bf16"])
+def test_split_k_weight_gradient_matches_float64(mixed_precision):
+    """A weight gradient the configurator splits along K (partial products over K/S, then their sum)
+    and an update reading it, against float64 NumPy on fresh random inputs."""
+    from jnova.passes import configure_tiles as ct
+    from jnova.runtime.target import get_target
+
+    def sgd(x, dy, w):
+        g = jax.numpy.einsum("btm,btn->mn", x, dy)
+        return w - 0.01 * g, g
+
+    rng = np.random.default_rng()
+    x, dy = (rng.standard_normal((8, 1024, n), np.float32) for n in (768, 2304))
+    w = rng.standard_normal((768, 2304), np.float32)
+    dtype = "bfloat16" if mixed_precision else "float32"
+    problem = ct.ContractionProblem(768, 2304, 8192, operand_dtype=dtype, a_layout="col", b_layout="row")
+    splits = ct.choose_split_k(problem, get_target())
+    compiled = jnova.compile(sgd, mixed_precision=mixed_precision)
+    new_w, g = compiled(x, dy, w)
+    launches = compiled.lower(x, dy, w).as_text("launches")
+    if splits > 1:
+        assert f"matmul[wgmma] {splits}x" in launches and compiled.stats()[0]["views"] == 2, launches
+    if mixed_precision:  # the reference rounds the operands as the kernel does
+        x, dy = (np.asarray(jax.numpy.asarray(a, jax.numpy.bfloat16), np.float32) for a in (x, dy))
+    want = np.einsum("btm,btn->mn", x.astype(np.float64), dy.astype(np.float64))
+    # TF32 truncates each operand (u = 2**-10); a sum of 8192 products of N(0,1) has |g| ~ 90
+    tol = 2e-5 if mixed_precision else 4 * 2.0**-10
+    scale = np.sqrt(8192.0)
+    np.testing.assert_allclose(np.asarray(g), want, rtol=0, atol=tol * scale * 2)
+    np.testing.assert_allclose(np.asarray(new_w), w - 0.01 * want, rtol=0, atol=0.01 * tol * scale * 2 + 1e-5)
+
+
+def test_transposed_tf32_operand_matches_float64():
+    """A dense layer whose weight (B as [K, N]) the configurator transposes into a K-major copy before
+    the TF32 contraction, against float64 NumPy on fresh random inputs."""
+    from jnova.passes import configure_tiles as ct
+    from jnova.runtime.target import get_target
+
+    def dense(x, w, b):
+        return jax.nn.relu(x @ w + b)
+
+    rng = np.random.default_rng()
+    x, w, b = (rng.standard_normal(s, np.float32) for s in ((8192, 768), (768, 3072), (3072,)))
+    problem = ct.ContractionProblem(8192, 3072, 768, a_layout="row", b_layout="row")
+    assert ct.choose_transposes(problem, get_target()) == (False, True)
+    compiled = jnova.compile(dense)
+    got = np.asarray(compiled(x, w, b))
+    assert "a=row b=col" in compiled.lower(x, w, b).as_text("launches")
+    want = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + b, 0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=4 * 2.0**-10 * np.sqrt(768.0) * 2)

@@ -12,6 +12,7 @@ from jnova.codegen.gpu.ptx import to_ptx
 from jnova.codegen.gpu.reduction import build_row_reduction, row_reduction_refusal
 from jnova.codegen.gpu.row_program import build_row_program, row_program_refusal
 from jnova.codegen.gpu.scatter import build_scatter_add, scatter_refusal
+from jnova.codegen.gpu.transpose import build_transpose, transpose_refusal
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.passes.form_kernels import Kernel
 from jnova.runtime.target import Target
@@ -19,6 +20,7 @@ from jnova.runtime.target import Target
 # Kernel families in the order they are tried: (name, why-not, builder).
 BUILDERS = (
     ("contraction", contraction_refusal, build_contraction),
+    ("tiled transpose", transpose_refusal, build_transpose),  # before elementwise, which reads through it
     ("elementwise", elementwise_refusal, build_elementwise),
     ("row reduction", row_reduction_refusal, build_row_reduction),
     ("column reduction", column_reduction_refusal, build_column_reduction),

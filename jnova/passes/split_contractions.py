@@ -1,0 +1,63 @@
+"""split_contractions: split a contraction whose tiles leave SMs idle into partial products over K.
+
+A weight gradient (dW = X^T @ dY) contracts over the tokens: its M x N output is a few dozen large
+tiles (GPT-2's 768 x 768 projection: 18 tiles of 256 x 128 for an H200's 132 SMs) while K is long
+(8192 tokens). Its contracting dims lead both operands (A as [K, M], B as [K, N]), so viewing them
+as [S, K/S] is a reshape of leading dims that moves no data (XLA makes it a bitcast). The matmul
+becomes a batched one over S, each batch a partial product over K/S, and a sum over S gives the
+result; the sum is a column reduction, into which the result's elementwise consumers fuse as they
+fused into the matmul (an optimizer's update, a bias add). The sum is exact math reordered: partial
+sums of K/S terms added S at a time.
+
+The Analytic Configurator chooses S (`configure_tiles.choose_split_k`, its rule 6); GPU plan only.
+"""
+from __future__ import annotations
+
+import logging
+
+from jnova.dialect.ir import Func, Op
+from jnova.dialect.ops import MatmulOp, ReduceOp, ReshapeOp
+from jnova.dialect.types import TensorType
+
+log = logging.getLogger("jnova.passes")
+
+
+def split_contractions(func: Func, target) -> int:
+    """Rewrite in place; returns how many contractions were split."""
+    from jnova.codegen.gpu.contraction import contraction_problem
+    from jnova.passes.configure_tiles import choose_split_k, explain_split_k
+
+    ops, count = [], 0
+    for op in func.ops:
+        problem = contraction_problem(op)[0] if op.name == "nova.matmul" else None
+        splits = choose_split_k(problem, target) if problem is not None else 1
+        if splits == 1:
+            ops.append(op)
+            continue
+        log.debug("split_contractions: %dx%dx%d %s into %d (%s)", problem.m, problem.n, problem.k,
+                  problem.operand_dtype, splits, explain_split_k(problem, target))
+        ops += _split(op, splits, problem.k)
+        count += 1
+    func.ops = ops
+    log.debug("split_contractions: %d contractions split along K", count)
+    return count
+
+
+def _split(op: Op, splits: int, k: int) -> list[Op]:
+    """The ops replacing `op` (no batch dims, contracting dims leading both operands): a view of each
+    operand as [splits, k / splits, free...], the batched matmul, and the sum over the splits, which
+    takes over `op`'s result value (its readers are unchanged)."""
+    new, operands = [], []
+    for v, contract in zip(op.operands, (op.attrs["lhs_contract"], op.attrs["rhs_contract"])):
+        shape = (splits, k // splits) + v.type.shape[len(contract):]
+        view = ReshapeOp([v], [TensorType(shape, v.type.dtype)], {}, loc=op.loc)
+        new.append(view)
+        operands.append(view.results[0])
+    old = op.results[0]
+    partial = MatmulOp(operands, [TensorType((splits,) + old.type.shape, old.type.dtype)],
+                       {"lhs_batch": (0,), "rhs_batch": (0,), "lhs_contract": (1,), "rhs_contract": (1,)},
+                       loc=op.loc)
+    total = ReduceOp([partial.results[0]], [old.type], {"kind": "sum", "dims": (0,)}, loc=op.loc)
+    old.owner, old.index = total, 0
+    total.results[0] = old
+    return new + [partial, total]

@@ -1,0 +1,161 @@
+"""Split-K: a weight gradient whose tiles leave SMs idle becomes partial products over K and their sum
+(configure_tiles rule 6, passes/split_contractions.py); a lone reshape is a view, not a kernel."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jnova
+from jnova.capture.to_nova import to_nova
+from jnova.capture.trace import trace
+from jnova.codegen.gpu.contraction import contraction_problem
+from jnova.passes import configure_tiles as ct
+from jnova.passes.canonicalize import canonicalize
+from jnova.passes.cse import cse
+from jnova.passes.dce import dce
+from jnova.passes.split_contractions import split_contractions
+from jnova.primitives.nova_to_jax import evaluate_ops
+from jnova.runtime.target import PRESETS
+
+H200, RTX3060 = PRESETS["h200"], PRESETS["rtx3060"]
+
+
+def _f32(*shape):
+    return np.random.default_rng().standard_normal(shape, np.float32)
+
+
+def _weight_gradient(x, dy, w):
+    """An SGD step on a weight: dW = x^T dy over batch and tokens (both operands MN-major)."""
+    g = jnp.einsum("btm,btn->mn", x, dy)
+    return w - 0.01 * g, jnp.sum(g * g)
+
+
+def _func(fn, *args):
+    func = to_nova(trace(fn, args, {}), fallback="error").func
+    canonicalize(func)
+    cse(func)
+    dce(func)
+    return func
+
+
+def _problem(m, n, k, dtype="float32", a="col", b="row"):
+    return ct.ContractionProblem(m, n, k, operand_dtype=dtype, a_layout=a, b_layout=b)
+
+
+def test_gpt2_weight_gradients_split_on_the_h200():
+    """TF32 weight gradients of GPT-2 at 8 x 1024 tokens: 18-72 tiles of 256 x 128 for 132 SMs."""
+    for m, n in ((768, 768), (2304, 768), (3072, 768), (768, 3072)):
+        assert ct.choose_split_k(_problem(m, n, 8192), H200) > 1, ct.explain_split_k(_problem(m, n, 8192), H200)
+    # the LM head's 50257 x 768 gradient fills the SMs nine times over
+    assert ct.choose_split_k(_problem(50260, 768, 8192), H200) == 1
+
+
+@pytest.mark.parametrize("problem, target", [
+    (_problem(768, 768, 8192, a="row", b="row"), H200),    # K contiguous in A: S would not lead
+    (_problem(768, 768, 8192, a="col", b="col"), H200),
+    (dataclasses.replace(_problem(768, 768, 8192), batch=4), H200),  # batched already
+    (_problem(768, 768, 8192), RTX3060),                   # mma.sync: the time model is wgmma's
+    (_problem(768, 768, 768), H200),                       # K too short to split
+    (_problem(8192, 8192, 8192), H200),                    # many waves already
+])
+def test_split_k_is_left_alone(problem, target):
+    assert ct.choose_split_k(problem, target) == 1
+
+
+def test_split_k_needs_a_clear_estimated_gain():
+    """A split is taken only when its estimate beats the unsplit one by 10%; the chosen one is the
+    fastest estimate; every split divides K into parts of at least SPLIT_K_MIN_K."""
+    for m, n, k in ((768, 768, 8192), (3072, 768, 8192), (768, 3072, 16384), (1024, 512, 4096)):
+        for dtype in ("float32", "bfloat16"):
+            times = dict(ct._split_times(_problem(m, n, k, dtype), H200))
+            chosen = ct.choose_split_k(_problem(m, n, k, dtype), H200)
+            assert all(k % s == 0 and k // s >= ct.SPLIT_K_MIN_K for s in times)
+            if chosen > 1:
+                assert times[chosen] == min(times.values()) and times[chosen] <= ct.SPLIT_K_MIN_GAIN * times[1]
+            else:
+                assert min(times.values()) > ct.SPLIT_K_MIN_GAIN * times[1]
+
+
+def test_split_rewrite_keeps_the_result():
+    """The rewritten program (views, a batched matmul, a sum over the splits) computes the same
+    values as jax.jit, evaluated op by op."""
+    args = (_f32(8, 1024, 768), _f32(8, 1024, 768), _f32(768, 768))
+    func = _func(_weight_gradient, *args)
+    assert split_contractions(func, H200) == 1
+    func.verify()
+    names = [op.name for op in func.ops]
+    assert names.count("nova.reshape") == 2 and names.count("nova.matmul") == 1
+    (matmul,) = [op for op in func.ops if op.name == "nova.matmul"]
+    problem, _ = contraction_problem(matmul)
+    assert problem.batch == ct.choose_split_k(_problem(768, 768, 8192), H200) and problem.k * problem.batch == 8192
+    (total,) = [op for op in func.ops if op.name == "nova.reduce" and op.operands[0] is matmul.results[0]]
+    assert total.attrs["kind"] == "sum" and tuple(total.attrs["dims"]) == (0,)
+    got = jax.jit(evaluate_ops(func.ops, func.args, func.returns))(*args)
+    want = jax.jit(_weight_gradient)(*args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=2e-4 * float(np.abs(w).max()))
+
+
+def test_small_or_row_major_contractions_are_not_split():
+    func = _func(_weight_gradient, _f32(2, 64, 32), _f32(2, 64, 16), _f32(32, 16))
+    assert split_contractions(func, H200) == 0
+    func = _func(lambda a, b: a @ b, _f32(768, 8192), _f32(8192, 768))  # A as [M, K]
+    assert split_contractions(func, H200) == 0
+
+
+def test_gpu_plan_of_a_split_weight_gradient():
+    """Ahead of time for the H200: the batched contraction kernel, the sum as a column reduction, and
+    the operands' reshapes as views (no kernel, no XLA op)."""
+    args = (_f32(8, 1024, 768), _f32(8, 1024, 768), _f32(768, 768))
+    lowered = jnova.compile(_weight_gradient, target="h200").lower(*args)
+    stats = lowered.stats()
+    launches = lowered.as_text("launches").splitlines()
+    assert stats["views"] == 2 and stats["xla_groups"] == 0, stats
+    splits = ct.choose_split_k(_problem(768, 768, 8192), H200)
+    assert any(f"matmul[wgmma] {splits}x768x768x{8192 // splits}" in line for line in launches), launches
+    assert any(f"column_reduction(rows={splits}," in line for line in launches), launches
+
+
+def test_a_lone_reshape_is_a_view_on_the_cpu_too():
+    """A reshape a matmul reads is a group of its own: a view step that XLA runs, with the same result."""
+    fn = lambda x, w: (x.reshape(64, 32) @ w) * 2.0  # noqa: E731
+    args = (_f32(8, 8, 32), _f32(32, 16))
+    step = jnova.compile(fn, backend="cpu", kernels="fused")
+    got = step(*args)
+    assert step.stats()[0]["views"] == 1
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(fn)(*args)), rtol=1e-5, atol=1e-5)
+
+
+def test_tf32_operands_are_transposed_where_the_configurator_says():
+    """rule 7: a forward layer's weight (B as [K, N]) is transposed into a K-major copy for TF32 on
+    wgmma; bf16 operands (wgmma reads them MN-major) and mma.sync targets keep their layouts."""
+    assert ct.choose_transposes(_problem(8192, 3072, 768, a="row", b="row"), H200) == (False, True)
+    assert ct.choose_transposes(_problem(8192, 768, 3072, a="row", b="col"), H200) == (False, False)
+    assert ct.choose_transposes(_problem(8192, 3072, 768, "bfloat16", a="row", b="row"), H200) == (False, False)
+    assert ct.choose_transposes(_problem(8192, 3072, 768, a="row", b="row"), RTX3060) == (False, False)
+    assert ct.choose_transposes(_problem(512, 512, 512, a="row", b="row"), H200) == (False, False)
+    # a copy larger than TRANSPOSE_MAX_BYTES is not made (the LM head's 8192 x 50257 logits gradient)
+    assert ct.choose_transposes(_problem(50260, 768, 8192), H200)[0] is False
+
+
+def test_transpose_rewrite_keeps_the_result():
+    from jnova.passes.transpose_operands import transpose_operands
+
+    def fn(x, w, v):  # w is read by two contractions the same way: one transpose
+        return jnp.tanh(x @ w) @ v, (x * 2.0) @ w
+
+    args = (_f32(8192, 768), _f32(768, 2048), _f32(2048, 768))
+    func = _func(fn, *args)
+    assert transpose_operands(func, H200) >= 2
+    func.verify()
+    transposes = [op for op in func.ops if op.name == "nova.transpose"]
+    assert sum(t.operands[0] is func.args[1] for t in transposes) == 1
+    for op in func.ops:
+        if op.name == "nova.matmul":
+            assert contraction_problem(op)[0].b_layout == "col"
+    got = jax.jit(evaluate_ops(func.ops, func.args, func.returns))(*args)
+    want = jax.jit(fn)(*args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4 * float(np.abs(w).max()))

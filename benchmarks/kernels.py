@@ -19,6 +19,8 @@ CASES = [  # name, function, argument shapes and dtype
     ("bias_rows_4096x4096", lambda x, b: x * 2 + b, [(4096, 4096), (4096,)], jnp.float32),
     ("row_max_bf16_4096x50304", lambda x: jnp.max(x, axis=-1), [(4096, 50304)], jnp.bfloat16),
     ("row_sum_f32_65536x1024", lambda x: jnp.sum(x, axis=-1), [(65536, 1024)], jnp.float32),
+    ("transpose_f32_8192x3072", lambda x: x.T, [(8192, 3072)], jnp.float32),
+    ("transpose_f32_4x2048x768", lambda x: x.transpose(0, 2, 1), [(4, 2048, 768)], jnp.float32),
 ]
 
 

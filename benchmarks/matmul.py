@@ -184,12 +184,44 @@ def accuracy(target, base: dict, m: int = 1024, n: int = 1024, k: int = 1024) ->
     return records
 
 
+def compiled_matmuls(shapes, dtypes, base: dict) -> list[dict]:
+    """`jnova.compile(a @ b)`, what a user runs: the configurator's kernel plus whatever the plan adds
+    before it (a TF32 operand transposed into a K-major copy, `passes/transpose_operands.py`), timed
+    with its launches against XLA's matmul."""
+    import jnova
+
+    records = []
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            case = f"{m}x{n}x{k}"
+            ka, kb = jax.random.split(jax.random.PRNGKey(m + n + k))
+            a = jax.random.normal(ka, (m, k), jnp.dtype(dtype))
+            b = jax.random.normal(kb, (k, n), jnp.dtype(dtype))
+            step = jnova.compile(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
+            err = relative_error(step(a, b), xla_call(dtype)(a, b))
+            launches = [line.split(" grid=")[0] for line in step.lower(a, b).as_text("launches").splitlines()]
+            if not err < TOLERANCE[dtype]:
+                print(f"compiled {case} {dtype}: WRONG (rel err {err:.2e} vs XLA)")
+                continue
+            t, t_xla = timed(step, (a, b)), timed(xla_call(dtype), (a, b))
+            flops = 2 * m * n * k
+            print(f"compiled {case:>18} {dtype:>9} jnova {flops / t / 1e12:7.1f} xla {flops / t_xla / 1e12:7.1f} "
+                  f"ratio {t_xla / t:5.2f}  {' | '.join(launches)}")
+            records.append({**base, "case": case, "dtype": dtype, "impl": "jnova-compiled", "metric": "tflops",
+                            "value": round(flops / t / 1e12, 2), "config": " | ".join(launches)})
+            records.append({**base, "case": case, "dtype": dtype, "impl": "xla", "label": "compiled",
+                            "metric": "tflops", "value": round(flops / t_xla / 1e12, 2)})
+    return records
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--shapes", default=",".join(f"{m}x{n}x{k}" for m, n, k in SHAPES))
     parser.add_argument("--variants", action="store_true", help="also time other tile configs on GPT-2 shapes")
     parser.add_argument("--diagnose", action="store_true", help="check the wgmma descriptor variants first")
+    parser.add_argument("--compiled", action="store_true",
+                        help="only time jnova.compile(a @ b) (kernel plus operand transposes) against XLA")
     args = parser.parse_args(argv)
     register_gpu_lowering()
     try:
@@ -204,6 +236,11 @@ def main(argv=None) -> int:
         mainloop_only(target, [(16384, 3072, 768), (16384, 768, 3072)], args.dtypes.split(","), notes)
 
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    if args.compiled:
+        base = {"bench": "matmul", "device": device, "date": datetime.date.today().isoformat(),
+                "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown")}
+        append_records("matmul.jsonl", compiled_matmuls(shapes, args.dtypes.split(","), base))
+        return 0
     jobs = []  # (label, problem, config, chosen?)
     for dtype in args.dtypes.split(","):
         for m, n, k in shapes:

@@ -6,7 +6,8 @@ import datetime, json, os, sys, time
 
 import jax, jax.numpy as jnp, numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
+for folder in ("tests", os.path.join("tests", "gpu")):  # test_gpu_kernels imports test_row_programs
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", folder))
 from test_gpu_kernels import TARGET, GpuKernelHandle, compile_gpu_kernel, kernel_of, nova_kernel_p  # noqa: E402
 from jnova.codegen.gpu.ptx import assemble_check  # noqa: E402
 

@@ -19,7 +19,8 @@ parameters; a cp.async ring needs nothing but the pointers.
 Layouts: A is [M, K] (`a_layout="row"`) or [K, M] ("col"); B is [K, N] ("row") or [N, K] ("col",
 what the backward pass needs). Any M, N, K: copies past an edge are zero-filled and the epilogue
 stores are masked. Batch is the grid's z dimension. The epilogue works on the accumulator registers:
-bias (per column) and residual (per element) are added before the one store of C.
+bias (per column) and residual (per element) are added before the one store of C; on sm_90a a tile
+inside C is written through shared memory by bulk copies ("store=bulk" in the schedule).
 
 Kernel parameters, in order: a, b, [bias], [residual], c (one pointer each, 16-byte aligned).
 Shared pieces: `matmul_smem.py` (tile layouts in shared memory, global -> shared copies),
@@ -34,7 +35,8 @@ from dataclasses import dataclass
 from jnova.codegen.gpu import matmul_mma, matmul_wgmma
 from jnova.codegen.gpu.compile import GpuLaunch
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, ptx_features
-from jnova.codegen.gpu.matmul_epilogue import BYTES, ELEMENT, Context, MatmulEpilogue, store_fragments
+from jnova.codegen.gpu.matmul_epilogue import (BYTES, ELEMENT, Context, MatmulEpilogue, staging_bytes,
+                                               store_fragments)
 from jnova.codegen.gpu.matmul_smem import SMEM, OperandTile
 from jnova.codegen.gpu.ptx import to_ptx
 from jnova.codegen.linalg.lowering import LoweringError
@@ -127,9 +129,15 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
         raise LoweringError(f"{config}: {smem_bytes} B of shared memory exceed {target.name}'s "
                             f"{target.smem_per_block_optin} B per block")
 
+    # sm_90a: interior tiles leave through shared memory and bulk copies (16-byte aligned rows of C)
+    staged = config.is_wgmma and problem.n % 4 == 0 and staging_bytes(config) <= target.smem_per_block_optin
+    if staged:
+        smem_bytes = max(smem_bytes, staging_bytes(config))
+
     em = GpuEmitter()
     memrefs = _parameters(problem, epilogue)
     ctx = _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs)
+    ctx.staged = staged
     fragments = family.main_loop(ctx)
     store_fragments(ctx, epilogue, fragments)
 
@@ -149,7 +157,8 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
         "}",
     ]) + "\n"
     schedule = f"matmul[{family.__name__.rsplit('_', 1)[-1]}] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
-               f"{problem.operand_dtype} a={problem.a_layout} b={problem.b_layout} {config}"
+               f"{problem.operand_dtype} a={problem.a_layout} b={problem.b_layout} {config}" \
+               f"{' store=bulk' if staged else ''}"
     return GpuModule(name, text, (tiles_m * tiles_n, 1, problem.batch), (threads, 1, 1), smem_bytes, schedule)
 
 

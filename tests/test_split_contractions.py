@@ -53,7 +53,7 @@ def test_gpt2_weight_gradients_split_on_the_h200():
 
 
 @pytest.mark.parametrize("problem, target", [
-    (_problem(768, 768, 8192, a="row", b="row"), H200),    # K contiguous in A: S would not lead
+    (_problem(768, 768, 8192, a="row", b="col"), H200),    # B as [N, K]: S would not lead
     (_problem(768, 768, 8192, a="col", b="col"), H200),
     (dataclasses.replace(_problem(768, 768, 8192), batch=4), H200),  # batched already
     (_problem(768, 768, 8192), RTX3060),                   # mma.sync: the time model is wgmma's
@@ -98,11 +98,38 @@ def test_split_rewrite_keeps_the_result():
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=2e-4 * float(np.abs(w).max()))
 
 
-def test_small_or_row_major_contractions_are_not_split():
+def test_small_contractions_and_k_major_b_are_not_split():
     func = _func(_weight_gradient, _f32(2, 64, 32), _f32(2, 64, 16), _f32(32, 16))
     assert split_contractions(func, H200) == 0
-    func = _func(lambda a, b: a @ b, _f32(768, 8192), _f32(8192, 768))  # A as [M, K]
+    nt = lambda a, b: jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())))  # noqa: E731  (B as [N, K])
+    func = _func(nt, _f32(4096, 50304), _f32(768, 50304))
     assert split_contractions(func, H200) == 0
+
+
+def test_long_k_with_a_row_major_splits_in_place():
+    """A as [M, K] with a long K (the LM head's input gradient over the vocabulary): A is viewed as
+    [M, S, K/S], the kernels' problem reads it in place (a_split_k), and the values are unchanged."""
+    fn = lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32)  # noqa: E731
+    args = (_f32(512, 50304).astype(jnp.bfloat16), _f32(50304, 768).astype(jnp.bfloat16))
+    problem = _problem(4096, 768, 50304, "bfloat16", a="row")
+    splits = ct.choose_split_k(problem, H200)
+    assert splits > 1 and (50304 // splits * 2) % 16 == 0, ct.explain_split_k(problem, H200)
+    func = _func(fn, *args)
+    assert split_contractions(func, H200) == 1
+    func.verify()
+    (matmul,) = [op for op in func.ops if op.name == "nova.matmul"]
+    p, reason = contraction_problem(matmul)
+    assert reason is None and p.a_split_k and p.a_layout == "row" and p.batch * p.k == 50304
+    got = jax.jit(evaluate_ops(func.ops, func.args, func.returns))(*args)
+    want = jax.jit(fn)(*args)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want), rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_row_major_splits_keep_16_byte_aligned_slices():
+    """f32 A of the padded GPT-2 vocabulary (50260 columns): only splits whose slices start 16-byte
+    aligned are weighed."""
+    times = dict(ct._split_times(_problem(8192, 768, 50260, a="row"), H200))
+    assert times and all(50260 // s * 4 % 16 == 0 for s in times if s > 1)
 
 
 def test_gpu_plan_of_a_split_weight_gradient():

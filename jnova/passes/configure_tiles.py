@@ -21,11 +21,11 @@ The rules (Nova report, section 4.4):
 5. MMA kind from the operand dtype and target features; swizzle from the smem tile's row width.
    A kernel's split_k stays 1 (fused epilogues need the whole K sum; larger values come only from
    overrides).
-6. Split-K (`choose_split_k`, wgmma targets): a contraction whose contracting dims lead both operands
-   (a weight gradient, A as [K, M] and B as [K, N]) and whose tiles leave SMs idle is split into S
+6. Split-K (`choose_split_k`, wgmma targets): a contraction with B as [K, N] (K leading) whose tiles
+   leave SMs idle (a weight gradient, A as [K, M]; or a long K with A as [M, K]) is split into S
    partial products over K/S each (a batched contraction, then a sum: `passes/split_contractions.py`),
-   S from 1..`SPLIT_K_MAX` minimizing waves x tile time (rule 2's weights, at the MN-major main loop's
-   measured rate) plus the partial products' DRAM traffic.
+   S from 1..`SPLIT_K_MAX` minimizing waves x tile time (rule 2's weights, at the layouts' measured
+   main-loop rate) plus the partial products' DRAM traffic, if that saves 10%.
 7. Operand layouts (`choose_transposes`, TF32 on wgmma targets): wgmma reads TF32 operands K-major
    only, so the kernel transposes an MN-major operand into shared memory 4 bytes at a time, which
    slows its main loop (`TF32_LAYOUT_FRACTION`). An operand is transposed in a kernel of its own
@@ -75,10 +75,10 @@ SPLIT_K_MIN_K = 512  # contracting elements per partial product: the pipeline's 
 SPLIT_K_SUM_LAUNCH_S = 4e-6  # the sum over the partial products, when it is a kernel of its own
 SPLIT_K_MIN_GAIN = 0.9  # a split must be estimated at most this fraction of the unsplit time
 SPLIT_K_DRAM_EFFICIENCY = 0.7  # of the DRAM bandwidth, writing and summing the partial products
-# Fraction of the tensor-core peak a top-rung wgmma tile sustains with both operands MN-major (H200:
-# benchmarks/matmul_layouts.py, 256x128 tiles, TF32 126-139 of 495 TFLOP/s, its operands transposed by
-# 4-byte copies; GPT-2's bf16 weight gradients, 128x64 tiles, 322 TFLOP/s in 2.2 waves, ~0.53 at the top rung)
-MN_MAJOR_PEAK_FRACTION = {"tf32": 0.27, "16-bit": 0.5}
+# Fraction of the tensor-core peak a top-rung wgmma tile sustains with 16-bit operands, either layout
+# (H200: GPT-2's bf16 weight gradients, 128x64 tiles, 322 TFLOP/s in 2.2 waves, ~0.53 at the top rung);
+# TF32's depends on the layouts (TF32_LAYOUT_FRACTION)
+WGMMA_16BIT_PEAK_FRACTION = 0.5
 
 
 # TF32 wgmma's main-loop rate by operand layouts (a_layout, b_layout), as a fraction of the tensor-core
@@ -104,6 +104,9 @@ class ContractionProblem:
     out_dtype: str = "float32"
     a_layout: str = "row"
     b_layout: str = "row"
+    # the batch splits K of one row-major A ([M, batch * k], slice b = columns b*k .. b*k + k - 1):
+    # the partial products of a split-K contraction (passes/split_contractions.py); B and C are batched
+    a_split_k: bool = False
 
     def __post_init__(self):
         for name in ("m", "n", "k", "batch"):
@@ -115,6 +118,8 @@ class ContractionProblem:
         for name in ("a_layout", "b_layout"):
             if getattr(self, name) not in LAYOUTS:
                 raise ValueError(f"ContractionProblem.{name}={getattr(self, name)!r}; expected 'row' or 'col'")
+        if self.a_split_k and self.a_layout != "row":
+            raise ValueError("ContractionProblem.a_split_k needs a_layout='row' (K contiguous in A)")
 
     @property
     def operand_bytes(self) -> int:
@@ -312,14 +317,15 @@ def _split_times(problem: ContractionProblem, target: Target) -> list[tuple[int,
     """(S, estimated seconds) for S = 1 and every split that rule 6 allows."""
     mma = _mma_kind(problem.operand_dtype, target)
     whole = [(1, _contraction_seconds(problem, target, mma))]
-    if not (mma.startswith("wgmma") and problem.batch == 1 and problem.a_layout == "col"
-            and problem.b_layout == "row"):
+    if not (mma.startswith("wgmma") and problem.batch == 1 and problem.b_layout == "row"):
         return whole
     partial_bytes = problem.m * problem.n * OPERAND_BYTES[problem.out_dtype]
     for s in range(2, SPLIT_K_MAX + 1):
         if problem.k % s or problem.k // s < SPLIT_K_MIN_K:
             continue
-        part = dataclasses.replace(problem, batch=s, k=problem.k // s)
+        if problem.a_layout == "row" and problem.k // s * problem.operand_bytes % 16:
+            continue  # A's slices must start 16-byte aligned, as its rows do
+        part = dataclasses.replace(problem, batch=s, k=problem.k // s, a_split_k=problem.a_layout == "row")
         # the partial products are written and read back once more than the result would be
         extra = 2 * s * partial_bytes / (SPLIT_K_DRAM_EFFICIENCY * target.dram_bytes_per_s) + SPLIT_K_SUM_LAUNCH_S
         whole.append((s, _contraction_seconds(part, target, mma) + extra))
@@ -365,7 +371,10 @@ def _contraction_seconds(problem: ContractionProblem, target: Target, mma: str) 
     """The main loop's time of the tiles `choose_tiles` gives `problem`: waves x one tile's FLOPs at
     the rung's efficiency times the MN-major rate of one SM."""
     c = _decide(problem, target).chosen
-    fraction = MN_MAJOR_PEAK_FRACTION["tf32" if "tf32" in mma else "16-bit"]
+    if "tf32" in mma:  # the layouts' measured rates (MN-major operands are copied 4 bytes at a time)
+        fraction = TF32_LAYOUT_FRACTION[(problem.a_layout, problem.b_layout)]
+    else:
+        fraction = WGMMA_16BIT_PEAK_FRACTION
     per_sm = target.peak_tensor_flops(problem.operand_dtype) / target.sm_count * fraction
     return _wgmma_time(c, _family(problem, mma)) * 2 * problem.k / per_sm
 

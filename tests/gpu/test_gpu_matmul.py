@@ -1,6 +1,7 @@
 """Contraction kernels on the GPU (`pytest -m gpu`): `build_matmul` against float64 NumPy on fresh
 random inputs, for both main loops (TF32 mma.sync; TF32 and bf16 wgmma), every operand layout, awkward
-shapes (M=1000, N=77, K=33: masked edges, unaligned rows), a batch, and the bias/residual epilogue.
+shapes (M=1000, N=77, K=33: masked edges, unaligned rows), a batch, the bias/residual epilogue, and
+split-K partial products of a row-major A read in place.
 
 Launch: through `nova_kernel_p`'s CUDA lowering (jaxlib's PTX kernel call) inside `jax.jit`. The
 output is poisoned: it aliases a donated NaN-filled operand, so an element the kernel does not
@@ -62,6 +63,12 @@ def _cases():
     for a_layout in ("row", "col"):  # N-major B read 16 bytes at a time (64-column warp pieces)
         cases.append(("float32", (2, 300, 200, 100), a_layout, "row", BOTH,
                       "block=128x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128"))
+    # split-K partial products of a row-major A read in place ([M, S*K], slices K columns apart)
+    for dtype in ("float32", "bfloat16"):
+        for b_layout in ("row", "col"):
+            cases.append((dtype, (3, 1000, 77, 520), "row", b_layout, None, None, True))
+    cases.append(("float32", (4, 300, 200, 96), "row", "row", None,
+                  "block=128x64x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128", True))
     return cases
 
 
@@ -69,14 +76,20 @@ CASES = _cases()
 
 
 def _case_id(case):
-    dtype, (batch, m, n, k), a_layout, b_layout, epilogue, config = case
+    dtype, (batch, m, n, k), a_layout, b_layout, epilogue, config = case[:6]
     extra = "" if epilogue is None else f"-bias_{epilogue.bias}-res_{epilogue.residual}"
-    return f"{dtype}-{batch}x{m}x{n}x{k}-{a_layout[0]}{b_layout[0]}{extra}{'-override' if config else ''}"
+    split = "-split_k" if _split(case) else ""
+    return f"{dtype}-{batch}x{m}x{n}x{k}-{a_layout[0]}{b_layout[0]}{extra}{'-override' if config else ''}{split}"
+
+
+def _split(case) -> bool:
+    return len(case) > 6 and case[6]
 
 
 def _problem(case) -> ContractionProblem:
-    dtype, (batch, m, n, k), a_layout, b_layout, _, _ = case
-    return ContractionProblem(m, n, k, batch=batch, operand_dtype=dtype, a_layout=a_layout, b_layout=b_layout)
+    dtype, (batch, m, n, k), a_layout, b_layout, _, _ = case[:6]
+    return ContractionProblem(m, n, k, batch=batch, operand_dtype=dtype, a_layout=a_layout, b_layout=b_layout,
+                              a_split_k=_split(case))
 
 
 def _config(case) -> TileConfig:
@@ -97,6 +110,8 @@ def operands(problem: ContractionProblem, epilogue: MatmulEpilogue | None, rng) 
     """Random inputs in kernel parameter order, as NumPy arrays of the operand dtypes."""
     p = problem
     a_shape = (p.batch, p.m, p.k) if p.a_layout == "row" else (p.batch, p.k, p.m)
+    if p.a_split_k:  # one [M, S*K] matrix
+        a_shape = (p.m, p.batch * p.k)
     b_shape = (p.batch, p.k, p.n) if p.b_layout == "row" else (p.batch, p.n, p.k)
     dtype = jnp.dtype(p.operand_dtype)
     xs = [rng.standard_normal(a_shape).astype(dtype), rng.standard_normal(b_shape).astype(dtype)]
@@ -109,6 +124,8 @@ def operands(problem: ContractionProblem, epilogue: MatmulEpilogue | None, rng) 
 
 def reference(problem: ContractionProblem, epilogue: MatmulEpilogue | None, xs) -> np.ndarray:
     a, b = (np.asarray(x, np.float64) for x in xs[:2])
+    if problem.a_split_k:  # batch s: columns s*K .. s*K + K - 1
+        a = a.reshape(problem.m, problem.batch, problem.k).transpose(1, 0, 2)
     if problem.a_layout == "col":
         a = a.transpose(0, 2, 1)
     if problem.b_layout == "col":

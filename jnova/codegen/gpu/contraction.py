@@ -46,7 +46,11 @@ def contraction_problem(op: Op):
         return None, "no contracting dimension (an outer product)"
     if list(a["lhs_contract"]) != sorted(a["lhs_contract"]) or list(a["rhs_contract"]) != sorted(a["rhs_contract"]):
         return None, "contracting dims in a different order on the two sides"
-    a_layout, lfree = _side(lhs.rank, a["lhs_batch"], a["lhs_contract"], "row", "col")
+    a_split_k = _split_k_lhs(lhs.rank, a["lhs_batch"], a["lhs_contract"])
+    if a_split_k:  # A as [M..., S, K/S]: the batch splits K of a row-major A (the kernel reads it in place)
+        a_layout, lfree = "row", list(range(a["lhs_batch"][0]))
+    else:
+        a_layout, lfree = _side(lhs.rank, a["lhs_batch"], a["lhs_contract"], "row", "col")
     if a_layout is None:
         return None, f"lhs: {lfree}"
     b_layout, rfree = _side(rhs.rank, a["rhs_batch"], a["rhs_contract"], "col", "row")
@@ -57,8 +61,15 @@ def contraction_problem(op: Op):
     problem = ContractionProblem(
         m=prod(lhs.shape[d] for d in lfree), n=prod(rhs.shape[d] for d in rfree),
         k=prod(lhs.shape[d] for d in a["lhs_contract"]), batch=prod(lhs.shape[d] for d in a["lhs_batch"]),
-        operand_dtype=lhs.dtype, out_dtype="float32", a_layout=a_layout, b_layout=b_layout)
+        operand_dtype=lhs.dtype, out_dtype="float32", a_layout=a_layout, b_layout=b_layout, a_split_k=a_split_k)
     return problem, None
+
+
+def _split_k_lhs(rank: int, batch, contract) -> bool:
+    """Whether the lhs is [free..., S, K...] with one batch dim S between its free and contracting dims
+    (a split-K view of a row-major A, `passes/split_contractions.py`)."""
+    return (len(batch) == 1 and batch[0] >= 1 and bool(contract)
+            and list(contract) == list(range(batch[0] + 1, rank)))
 
 
 def epilogue_of(ops) -> tuple:

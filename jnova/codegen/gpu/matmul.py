@@ -103,7 +103,8 @@ def operand_tiles(problem: ContractionProblem, config: TileConfig, swizzle_a: st
     e, nbytes = ELEMENT[problem.operand_dtype], BYTES[problem.operand_dtype]
     a_k, b_k = problem.a_layout == "row", problem.b_layout == "col"
     a = OperandTile("a", e, nbytes, config.block_m, config.block_k, a_k or k_major_only, swizzle_a,
-                    problem.m, problem.k, transposed=k_major_only and not a_k)
+                    problem.m, problem.k, transposed=k_major_only and not a_k,
+                    stride=problem.k * problem.batch if problem.a_split_k else 0)
     b = OperandTile("b", e, nbytes, config.block_n, config.block_k, b_k or k_major_only, swizzle_b,
                     problem.n, problem.k, transposed=k_major_only and not b_k)
     return a, b
@@ -157,7 +158,8 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
         "}",
     ]) + "\n"
     schedule = f"matmul[{family.__name__.rsplit('_', 1)[-1]}] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
-               f"{problem.operand_dtype} a={problem.a_layout} b={problem.b_layout} {config}" \
+               f"{problem.operand_dtype} a={problem.a_layout}{'/split_k' if problem.a_split_k else ''} " \
+               f"b={problem.b_layout} {config}" \
                f"{' store=bulk' if staged else ''}"
     return GpuModule(name, text, (tiles_m * tiles_n, 1, problem.batch), (threads, 1, 1), smem_bytes, schedule)
 

@@ -72,6 +72,12 @@ class Fragment:
     values: tuple[str, str]
 
 
+def batch_strides(problem: ContractionProblem) -> tuple[int, int]:
+    """Elements from one batch's A (B) to the next: a split-K A's slices are K/S columns apart."""
+    p = problem
+    return (p.k if p.a_split_k else p.m * p.k), p.k * p.n
+
+
 def copy_tile(ctx: Context, copiers: list[TileCopier], kt: str) -> None:
     """Copy k-tile `kt` of A and B into stage kt % stages, as one cp.async group."""
     em = ctx.em

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jnova.codegen.gpu.matmul_epilogue import Context, Fragment, copy_ahead, copy_tile
+from jnova.codegen.gpu.matmul_epilogue import Context, Fragment, batch_strides, copy_ahead, copy_tile
 from jnova.codegen.gpu.matmul_smem import TileCopier, ix_add, ix_op
 from jnova.codegen.linalg.lowering import LoweringError
 
@@ -77,9 +77,10 @@ def main_loop(ctx: Context) -> list[Fragment]:
     ahead = cfg.stages - 1
 
     copiers = []
-    for tile, ring, mn0, size in ((ctx.a, ctx.a_ring, ctx.m0, p.m * p.k), (ctx.b, ctx.b_ring, ctx.n0, p.k * p.n)):
+    a_stride, b_stride = batch_strides(p)
+    for tile, ring, mn0, stride in ((ctx.a, ctx.a_ring, ctx.m0, a_stride), (ctx.b, ctx.b_ring, ctx.n0, b_stride)):
         src, src_type = ctx.memrefs[tile.name]
-        batch_offset = em.op(f"arith.muli {ctx.batch}, {em.index(size)} : index")
+        batch_offset = em.op(f"arith.muli {ctx.batch}, {em.index(stride)} : index")
         copiers.append(TileCopier(tile, ctx.threads, src, src_type, ring, tile.memref(cfg.stages), batch_offset, mn0))
     for c in copiers:
         c.prepare(em, ctx.tid)

@@ -68,6 +68,7 @@ class OperandTile:
     extent_mn: int  # the matrix's full M (A) or N (B)
     extent_k: int  # the matrix's K
     transposed: bool = False  # global memory has the other layout: copied element by element
+    stride: int = 0  # elements between rows in global memory when not the matrix's own width (split-K A)
 
     def __post_init__(self):
         inner = self.bk if self.k_major else self.mn
@@ -102,6 +103,8 @@ class OperandTile:
     @property
     def leading(self) -> int:
         """Elements between consecutive rows in global memory."""
+        if self.stride:
+            return self.stride
         return self.extent_k if self.global_k_major else self.extent_mn
 
     @property

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from jnova.codegen.gpu.matmul_epilogue import Context, Fragment, copy_ahead, copy_tile
+from jnova.codegen.gpu.matmul_epilogue import Context, Fragment, batch_strides, copy_ahead, copy_tile
 from jnova.codegen.gpu.matmul_smem import PANEL_BYTES, TileCopier, ix_add, ix_op
 from jnova.codegen.linalg.lowering import LoweringError
 
@@ -152,9 +152,11 @@ def _check(ctx: Context, tm: int, tn: int) -> None:
 def _copiers(ctx: Context) -> list[TileCopier]:
     em, p = ctx.em, ctx.problem
     copiers = []
-    for tile, ring, mn0, size in ((ctx.a, ctx.a_ring, ctx.m0, p.m * p.k), (ctx.b, ctx.b_ring, ctx.n0, p.k * p.n)):
+    a_stride, b_stride = batch_strides(p)
+    for tile, ring, mn0, stride, size in ((ctx.a, ctx.a_ring, ctx.m0, a_stride, p.m * p.k),
+                                          (ctx.b, ctx.b_ring, ctx.n0, b_stride, p.k * p.n)):
         src, src_type = ctx.memrefs[tile.name]
-        batch_offset = em.op(f"arith.muli {ctx.batch}, {em.index(size)} : index")
+        batch_offset = em.op(f"arith.muli {ctx.batch}, {em.index(stride)} : index")
         copiers.append(TileCopier(tile, ctx.threads, src, src_type, ring, tile.memref(ctx.config.stages),
                                   batch_offset, mn0, p.batch * size))
     return copiers

@@ -63,12 +63,6 @@ def _cases():
     for a_layout in ("row", "col"):  # N-major B read 16 bytes at a time (64-column warp pieces)
         cases.append(("float32", (2, 300, 200, 100), a_layout, "row", BOTH,
                       "block=128x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128"))
-    # persistent kernels (two waves or more: blocks walk tiles, the next tile's copies issued before
-    # the stores): masked edge tiles, batches folded into the tile index, a K that is not whole k-tiles
-    for dtype, config in (("float32", "block=64x64x32 warps=4x2 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128"),
-                          ("bfloat16", "block=64x64x64 warps=4x2 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128")):
-        cases.append((dtype, (3, 1000, 1000, 72), "row", "row", BOTH, config))
-        cases.append((dtype, (3, 1000, 1000, 72), "col", "col", None, config))
     # split-K partial products of a row-major A read in place ([M, S*K], slices K columns apart)
     for dtype in ("float32", "bfloat16"):
         for b_layout in ("row", "col"):

@@ -28,7 +28,6 @@ Shared pieces: `matmul_smem.py` (tile layouts in shared memory, global -> shared
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -45,7 +44,6 @@ from jnova.passes.configure_tiles import ContractionProblem, TileConfig
 from jnova.runtime.target import Target
 
 GROUP_M = 8  # block tiles along M that share a sweep over N (L2 reuse of the B panels)
-PERSISTENT_MIN_WAVES = 2  # sm_90a contractions with at least this many waves of tiles run persistent
 ALIGN = 16
 
 
@@ -132,15 +130,8 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
         raise LoweringError(f"{config}: {smem_bytes} B of shared memory exceed {target.name}'s "
                             f"{target.smem_per_block_optin} B per block")
 
-    total = problem.batch * tiles_m * tiles_n
-    # sm_90a, two waves or more: a persistent kernel (one block per SM walks tiles; it copies the next
-    # tile's first k-tiles before storing the current one, so the stores overlap those copies and the
-    # pipeline never drains between tiles). Otherwise a block per tile, and interior tiles leave
-    # through shared memory and bulk copies (16-byte aligned rows of C)
-    resident = max(1, min(2, target.smem_per_sm // (smem_bytes + 1024), 2048 // threads))  # blocks per SM
-    persistent = config.is_wgmma and total >= PERSISTENT_MIN_WAVES * resident * target.sm_count
-    staged = (config.is_wgmma and not persistent and problem.n % 4 == 0
-              and staging_bytes(config) <= target.smem_per_block_optin)
+    # sm_90a: interior tiles leave through shared memory and bulk copies (16-byte aligned rows of C)
+    staged = config.is_wgmma and problem.n % 4 == 0 and staging_bytes(config) <= target.smem_per_block_optin
     if staged:
         smem_bytes = max(smem_bytes, staging_bytes(config))
 
@@ -148,13 +139,8 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
     memrefs = _parameters(problem, epilogue)
     ctx = _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs)
     ctx.staged = staged
-    if persistent:
-        grid = (resident * target.sm_count, 1, 1)
-        _persistent_tiles(ctx, family, epilogue, tiles_m, tiles_n, total, grid[0])
-    else:
-        grid = (tiles_m * tiles_n, 1, problem.batch)
-        fragments = family.main_loop(ctx)
-        store_fragments(ctx, epilogue, fragments)
+    fragments = family.main_loop(ctx)
+    store_fragments(ctx, epilogue, fragments)
 
     args = ", ".join(f"{ssa}: {t} {{llvm.align = {ALIGN} : i64}}" for ssa, t in memrefs.values())
     nvvm = f'#nvvm.target<O = 3, chip = "{target.arch}", features = "{ptx_features(target)}">'
@@ -174,8 +160,8 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
     schedule = f"matmul[{family.__name__.rsplit('_', 1)[-1]}] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
                f"{problem.operand_dtype} a={problem.a_layout}{'/split_k' if problem.a_split_k else ''} " \
                f"b={problem.b_layout} {config}" \
-               f"{' store=bulk' if staged else ''}{' persistent' if persistent else ''}"
-    return GpuModule(name, text, grid, (threads, 1, 1), smem_bytes, schedule)
+               f"{' store=bulk' if staged else ''}"
+    return GpuModule(name, text, (tiles_m * tiles_n, 1, problem.batch), (threads, 1, 1), smem_bytes, schedule)
 
 
 def default_name(problem: ContractionProblem, config: TileConfig, epilogue: MatmulEpilogue) -> str:
@@ -195,47 +181,6 @@ def _parameters(problem: ContractionProblem, epilogue: MatmulEpilogue) -> dict:
         params["residual"] = ("%residual", f"memref<{p.batch * p.m * p.n}x{ELEMENT[epilogue.residual]}>")
     params["c"] = ("%c", f"memref<{p.batch * p.m * p.n}xf32>")
     return params
-
-
-def _persistent_tiles(ctx: Context, family, epilogue: MatmulEpilogue, tiles_m: int, tiles_n: int, total: int,
-                      blocks: int) -> None:
-    """Block b computes tiles b, b + blocks, ... (batch-major, grouped rasterization within a batch)."""
-    em = ctx.em
-    first = em.op("gpu.block_id x")
-    family.prefetch(_tile_context(ctx, first, tiles_m, tiles_n))
-    t = em.fresh("tile")
-    with em.region(f"scf.for {t} = {first} to {em.index(total)} step {em.index(blocks)} {{"):
-        here = _tile_context(ctx, t, tiles_m, tiles_n)
-        fragments = family.main_loop(here, prefetched=True)
-        em.line("gpu.barrier")  # every warpgroup is done with the ring: the next tile's copies may land
-        following = em.op(f"arith.addi {t}, {em.index(blocks)} : index")
-        more = em.op(f"arith.cmpi ult, {following}, {em.index(total)} : index")
-        with em.region(f"scf.if {more} {{"):
-            family.prefetch(_tile_context(ctx, following, tiles_m, tiles_n))
-        store_fragments(here, epilogue, fragments)
-
-
-def _tile_context(ctx: Context, t: str, tiles_m: int, tiles_n: int) -> Context:
-    """`ctx` for tile index `t` of a persistent kernel (batch-major)."""
-    em = ctx.em
-    per_batch = tiles_m * tiles_n
-    batch = em.op(f"arith.divui {t}, {em.index(per_batch)} : index")
-    m0, n0 = _tile_origin(em, ctx.config, em.op(f"arith.remui {t}, {em.index(per_batch)} : index"), tiles_m, tiles_n)
-    return dataclasses.replace(ctx, batch=batch, m0=m0, n0=n0)
-
-
-def _tile_origin(em, config, pid: str, tiles_m: int, tiles_n: int) -> tuple[str, str]:
-    """(first row, first column) of tile `pid` of a batch: GROUP_M tiles along M share a sweep over N."""
-    group = GROUP_M * tiles_n
-    group_id = em.op(f"arith.divui {pid}, {em.index(group)} : index")
-    first_m = em.op(f"arith.muli {group_id}, {em.index(GROUP_M)} : index")
-    size_m = em.op(f"arith.minui {em.op(f'arith.subi {em.index(tiles_m)}, {first_m} : index')}, "
-                   f"{em.index(GROUP_M)} : index")
-    in_group = em.op(f"arith.remui {pid}, {em.index(group)} : index")
-    pid_m = em.op(f"arith.addi {first_m}, {em.op(f'arith.remui {in_group}, {size_m} : index')} : index")
-    pid_n = em.op(f"arith.divui {in_group}, {size_m} : index")
-    return (em.op(f"arith.muli {pid_m}, {em.index(config.block_m)} : index"),
-            em.op(f"arith.muli {pid_n}, {em.index(config.block_n)} : index"))
 
 
 def _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs) -> Context:

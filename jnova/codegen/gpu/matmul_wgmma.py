@@ -77,22 +77,7 @@ def threads(problem, config) -> int:
     return 128 * gm * gn
 
 
-def ahead(config) -> int:
-    """k-tiles copied ahead of the one computed (one wgmma group stays in flight with 3+ stages)."""
-    return config.stages - 1 - (1 if config.stages >= 3 else 0)
-
-
-def prefetch(ctx: Context) -> None:
-    """The pipeline's prologue for the block tile of `ctx`: its first k-tiles, as `ahead` groups. A
-    persistent kernel issues it for the next tile before storing the current one (`matmul.py`)."""
-    copiers = _copiers(ctx)
-    for c in copiers:
-        c.prepare(ctx.em, ctx.tid)
-    copy_ahead(ctx, copiers, ahead(ctx.config), math.ceil(ctx.problem.k / ctx.config.block_k))
-
-
-def main_loop(ctx: Context, prefetched: bool = False) -> list[Fragment]:
-    """The block tile's accumulators; with `prefetched` its prologue copies were issued already."""
+def main_loop(ctx: Context) -> list[Fragment]:
     em, cfg, p = ctx.em, ctx.config, ctx.problem
     groups_m, groups_n = warpgroups(p, cfg)
     tm, tn = cfg.block_m // groups_m, cfg.block_n // groups_n
@@ -111,8 +96,7 @@ def main_loop(ctx: Context, prefetched: bool = False) -> list[Fragment]:
     wg_n = em.op(f"arith.remui {wg}, {em.index(groups_n)} : index")
     desc_a, desc_b = _descriptor_bases(ctx, wg_m, wg_n, tm, tn)
 
-    if not prefetched:
-        copy_ahead(ctx, copiers, ahead, k_tiles)
+    copy_ahead(ctx, copiers, ahead, k_tiles)
     zero = em.op(f"llvm.mlir.zero : {acc_type}")
     kt, accs = em.fresh("kt"), [em.fresh("acc") for _ in range(reps)]
     result = em.fresh("accs")

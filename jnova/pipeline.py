@@ -42,7 +42,7 @@ from jnova.primitives.executor import step_function
 from jnova.runtime.cache import ARTIFACTS
 from jnova.runtime.disk_cache import open_cache
 from jnova.runtime.dump import StepDump
-from jnova.runtime.hashing import structural_hash
+from jnova.runtime.hashing import jaxpr_fingerprint, structural_hash
 
 log = logging.getLogger("jnova")
 
@@ -170,13 +170,14 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
 
 
 def capture_key(captured: Captured, options: Options, target_name: str) -> str:
-    """Key of the persistent cache: the jaxpr (structure, shapes, params, literals), the values of
-    small captured constants (they are compiled into kernels), options, target and versions."""
+    """Key of the persistent cache: the jaxpr's fingerprint (structure, shapes, params, literals), the
+    values of small captured constants (they are compiled into kernels), options, target and versions."""
     consts = []
     for c in map(np.asarray, captured.consts):
         digest = hashlib.sha256(c.tobytes()).hexdigest() if c.size <= MAX_INLINE_CONSTANT else ""
         consts.append(f"{c.dtype}{c.shape}{digest}")
-    return structural_hash(captured.jaxpr_text + "\n".join(consts), [], options.hash_items(), target=target_name)
+    return structural_hash(jaxpr_fingerprint(captured.jaxpr) + "\n" + "\n".join(consts), [], options.hash_items(),
+                           target=target_name)
 
 
 def _restore(entry: dict, captured: Captured, key: str, donate, stage, times) -> Executable:

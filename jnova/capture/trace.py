@@ -29,8 +29,8 @@ class Captured:
 
     @cached_property
     def jaxpr_text(self) -> str:
-        """The jaxpr printed (the persistent cache's key and the "jaxpr" stage; printing a large step's
-        jaxpr takes a noticeable part of a warm compile, so it is printed once)."""
+        """The jaxpr printed (the "jaxpr" stage; printing a large step's jaxpr takes a noticeable part
+        of a warm compile, so it is printed once)."""
         return str(self.jaxpr)
 
 

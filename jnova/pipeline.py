@@ -55,7 +55,7 @@ class Executable:
     captured: Captured
     meta: dict                    # plan (JSON form), fallback sites and reasons, op count
     key: str                      # structural hash
-    texts: dict[str, str]         # stage name -> IR text
+    texts: dict[str, str]         # stage name -> IR text (the "jaxpr" stage is printed when asked for)
     times: dict[str, float] = field(default_factory=dict)
     cache_hit: str | None = None  # None, "memory" (same structure in this process) or "disk"
     prepared: bool = False        # the jitted step lowered and compiled by XLA (`prepare`)
@@ -80,11 +80,17 @@ class Executable:
                 "xla_groups": len(self.meta["xla_groups"]), "cache_hit": self.cache_hit,
                 "compile_s": dict(self.times)}
 
+    @property
+    def stages(self) -> list[str]:
+        return sorted(["jaxpr", *self.texts])
+
     def as_text(self, stage: str) -> str:
         if stage == "hlo":            # the jitted step as XLA sees it, for the step's backend
             return self.lowered_hlo()
+        if stage == "jaxpr":          # printed only now: a large step's jaxpr takes a while to print
+            return self.captured.jaxpr_text
         if stage not in self.texts:
-            raise ValueError(f"unknown stage {stage!r}; this step has {sorted(self.texts) + ['hlo']}")
+            raise ValueError(f"unknown stage {stage!r}; this step has {self.stages + ['hlo']}")
         return self.texts[stage]
 
     def lowered_hlo(self) -> str:
@@ -156,13 +162,13 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     meta = {"backend": backend, "plan": plan_json, "site_paths": program.site_paths,
             "fallbacks": program.fallbacks, "nova_ops": len(func.ops), "refused_fusions": fusion.refused,
             "xla_groups": compiled.xla_groups}
-    texts = {"jaxpr": captured.jaxpr_text, "nova": nova_text, **compiled.texts}
+    texts = {"nova": nova_text, **compiled.texts}
     if disk:
         disk.store(disk_key, {"meta.json": json.dumps(meta), "nova.mlir": nova_text, **compiled.files})
     with stage("jit"):                  # the step: kernel binds + fallback ops, planned by XLA
         run = jax.jit(step_function(plan_json, program.sites, compiled.handles, program.const_args,
                                     captured.in_avals, captured.out_avals), donate_argnums=donate)
-    _dump(func.name, key, texts, meta, times)
+    _dump(func.name, key, captured, texts, meta, times)
     log.info("jnova compiled %s for %s: %d ops, %d kernels, %d fallbacks%s in %.2f s", func.name, target_name,
              len(func.ops), len(plan.kernels), len(plan.steps) - len(plan.kernels),
              " (cache hit)" if cache_hit else "", sum(times.values()))
@@ -190,14 +196,16 @@ def _restore(entry: dict, captured: Captured, key: str, donate, stage, times) ->
     with stage("jit"):
         run = jax.jit(step_function(plan_json, sites, compiled.handles, large_constants(captured),
                                     captured.in_avals, captured.out_avals), donate_argnums=donate)
-    texts = {"jaxpr": captured.jaxpr_text, "nova": entry["nova.mlir"], **compiled.texts}
+    texts = {"nova": entry["nova.mlir"], **compiled.texts}
     log.info("jnova restored a compiled step from the persistent cache in %.2f s", sum(times.values()))
     return Executable(run, captured, meta, key, texts, times, "disk")
 
 
-def _dump(name: str, key: str, texts: dict, meta: dict, times: dict) -> None:
+def _dump(name: str, key: str, captured: Captured, texts: dict, meta: dict, times: dict) -> None:
     dump = StepDump(name, key)
-    dump.write("jaxpr", ".txt", texts["jaxpr"])
+    if dump.path is None:               # dumping is off: do not print the jaxpr for nothing
+        return
+    dump.write("jaxpr", ".txt", captured.jaxpr_text)
     dump.write("nova", ".mlir", texts["nova"])
     dump.write("plan", ".json", json.dumps(meta["plan"], indent=1))
     dump.write("fusion", ".txt", "\n".join(meta["refused_fusions"]) + "\n")

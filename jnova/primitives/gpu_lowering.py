@@ -20,7 +20,7 @@ import zlib
 import jax
 from jax.interpreters import mlir
 
-from jnova.codegen.gpu.compile import GpuLaunch
+from jnova.codegen.gpu.launch import GpuLaunch
 from jnova.dialect.types import TensorType
 from jnova.primitives.nova_kernel import KernelHandle, nova_kernel_p
 from jnova.runtime import jax_internals

@@ -109,7 +109,7 @@ class Lowered:
 
     @property
     def stages(self) -> list[str]:
-        return sorted(self.executable.texts)
+        return self.executable.stages
 
 
 def _signature(x) -> tuple:

@@ -45,7 +45,7 @@ from jnova.primitives.executor import step_function
 from jnova.runtime.cache import ARTIFACTS
 from jnova.runtime.disk_cache import open_cache
 from jnova.runtime.dump import StepDump
-from jnova.runtime.hashing import structural_hash
+from jnova.runtime.hashing import jaxpr_fingerprint, structural_hash
 
 log = logging.getLogger("jnova")
 
@@ -58,7 +58,7 @@ class Executable:
     captured: Captured
     meta: dict                    # plan (JSON form), fallback sites and reasons, op count
     key: str                      # structural hash
-    texts: dict[str, str]         # stage name -> IR text
+    texts: dict[str, str]         # stage name -> IR text (the "jaxpr" stage is printed when asked for)
     times: dict[str, float] = field(default_factory=dict)
     cache_hit: str | None = None  # None, "memory" (same structure in this process) or "disk"
     prepared: bool = False        # the jitted step lowered and compiled by XLA (`prepare`)
@@ -84,11 +84,17 @@ class Executable:
                 "xla_groups": len(self.meta["xla_groups"]), "cache_hit": self.cache_hit,
                 "compile_s": dict(self.times)}
 
+    @property
+    def stages(self) -> list[str]:
+        return sorted(["jaxpr", *self.texts])
+
     def as_text(self, stage: str) -> str:
         if stage == "hlo":            # the jitted step as XLA sees it, for the step's backend
             return self.lowered_hlo()
+        if stage == "jaxpr":          # printed only now: a large step's jaxpr takes a while to print
+            return self.captured.jaxpr_text
         if stage not in self.texts:
-            raise ValueError(f"unknown stage {stage!r}; this step has {sorted(self.texts) + ['hlo']}")
+            raise ValueError(f"unknown stage {stage!r}; this step has {self.stages + ['hlo']}")
         return self.texts[stage]
 
     def lowered_hlo(self) -> str:
@@ -165,13 +171,13 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     meta = {"backend": backend, "plan": plan_json, "site_paths": program.site_paths,
             "fallbacks": program.fallbacks, "nova_ops": len(func.ops), "refused_fusions": fusion.refused,
             "xla_groups": compiled.xla_groups}
-    texts = {"jaxpr": captured.jaxpr_text, "nova": nova_text, **compiled.texts}
+    texts = {"nova": nova_text, **compiled.texts}
     if disk:
         disk.store(disk_key, {"meta.json": json.dumps(meta), "nova.mlir": nova_text, **compiled.files})
     with stage("jit"):                  # the step: kernel binds + fallback ops, planned by XLA
         run = jax.jit(step_function(plan_json, program.sites, compiled.handles, program.const_args,
                                     captured.in_avals, captured.out_avals), donate_argnums=donate)
-    _dump(func.name, key, texts, meta, times)
+    _dump(func.name, key, captured, texts, meta, times)
     log.info("jnova compiled %s for %s: %d ops, %d kernels, %d fallbacks%s in %.2f s", func.name, target_name,
              len(func.ops), len(plan.kernels), sum(not isinstance(s, Kernel) for s in plan.steps),
              " (cache hit)" if cache_hit else "", sum(times.values()))
@@ -179,13 +185,14 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
 
 
 def capture_key(captured: Captured, options: Options, target_name: str) -> str:
-    """Key of the persistent cache: the jaxpr (structure, shapes, params, literals), the values of
-    small captured constants (they are compiled into kernels), options, target and versions."""
+    """Key of the persistent cache: the jaxpr's fingerprint (structure, shapes, params, literals), the
+    values of small captured constants (they are compiled into kernels), options, target and versions."""
     consts = []
     for c in map(np.asarray, captured.consts):
         digest = hashlib.sha256(c.tobytes()).hexdigest() if c.size <= MAX_INLINE_CONSTANT else ""
         consts.append(f"{c.dtype}{c.shape}{digest}")
-    return structural_hash(captured.jaxpr_text + "\n".join(consts), [], options.hash_items(), target=target_name)
+    return structural_hash(jaxpr_fingerprint(captured.jaxpr) + "\n" + "\n".join(consts), [], options.hash_items(),
+                           target=target_name)
 
 
 def _restore(entry: dict, captured: Captured, key: str, donate, stage, times) -> Executable:
@@ -198,14 +205,16 @@ def _restore(entry: dict, captured: Captured, key: str, donate, stage, times) ->
     with stage("jit"):
         run = jax.jit(step_function(plan_json, sites, compiled.handles, large_constants(captured),
                                     captured.in_avals, captured.out_avals), donate_argnums=donate)
-    texts = {"jaxpr": captured.jaxpr_text, "nova": entry["nova.mlir"], **compiled.texts}
+    texts = {"nova": entry["nova.mlir"], **compiled.texts}
     log.info("jnova restored a compiled step from the persistent cache in %.2f s", sum(times.values()))
     return Executable(run, captured, meta, key, texts, times, "disk")
 
 
-def _dump(name: str, key: str, texts: dict, meta: dict, times: dict) -> None:
+def _dump(name: str, key: str, captured: Captured, texts: dict, meta: dict, times: dict) -> None:
     dump = StepDump(name, key)
-    dump.write("jaxpr", ".txt", texts["jaxpr"])
+    if dump.path is None:               # dumping is off: do not print the jaxpr for nothing
+        return
+    dump.write("jaxpr", ".txt", captured.jaxpr_text)
     dump.write("nova", ".mlir", texts["nova"])
     dump.write("plan", ".json", json.dumps(meta["plan"], indent=1))
     dump.write("fusion", ".txt", "\n".join(meta["refused_fusions"]) + "\n")

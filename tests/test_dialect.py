@@ -3,6 +3,7 @@
 Oracles: the printed text itself (parse(print(f)).print() == print(f)), MLIR's own parser and
 printer, and bit patterns of constants.
 """
+import json
 import math
 
 import jax
@@ -16,6 +17,7 @@ from jnova.capture.to_nova import to_nova
 from jnova.capture.trace import trace
 from jnova.dialect.ir import F64, I64, Func, Str, VerifyError, format_float, print_module
 from jnova.dialect.irdl import load_nova, nova_irdl, verify_with_mlir
+from jnova.dialect.json_form import func_from_json, func_to_json
 from jnova.dialect.ops import OPS, ElementwiseOp
 from jnova.dialect.parse import ParseError, parse_module
 from jnova.dialect.types import FLOAT_DTYPES, TensorType, numpy_dtype
@@ -174,6 +176,26 @@ def test_attributes_round_trip_as_python_values():
     assert math.isnan(by_name["nova.gather"].attrs["fill"])
     assert by_name["nova.fallback"].attrs["primitive"] == "custom \"call\"\n\u00e9"
     assert by_name["nova.compare"].attrs["predicate"] == "lt"
+
+
+def test_json_form_reads_back_what_the_parser_reads():
+    """The persistent cache's JSON form of a function: the same print, the same Python attribute values
+    (constants bit-exact, C-contiguous, splats broadcast) as parsing the printed text."""
+    f = every_op_func()
+    text = f.print()
+    g = func_from_json(json.loads(json.dumps(func_to_json(f))))
+    g.verify()
+    assert g.print() == text
+    parsed = parse_module(text)
+    for a, b in zip(parsed.ops, g.ops, strict=True):
+        assert a.attrs.keys() == b.attrs.keys(), a.name
+        for key, va in a.attrs.items():
+            vb = b.attrs[key]
+            if isinstance(va, np.ndarray):
+                assert (vb.dtype, vb.shape, vb.tobytes()) == (va.dtype, va.shape, va.tobytes())
+                assert vb.flags.c_contiguous
+            else:
+                assert type(vb) is type(va) and repr(vb) == repr(va), (a.name, key)
 
 
 def test_mlir_reprint_parses_back_to_the_same_function():

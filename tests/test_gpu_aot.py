@@ -1,5 +1,11 @@
 """Ahead-of-time GPU compilation on a machine without a GPU: target="h200"."""
+import json
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import jax
 import pytest
@@ -85,8 +91,36 @@ def test_each_layers_kernels_are_stored_and_lowered_once(monkeypatch, tmp_path):
     assert again.as_text("hlo") == first.as_text("hlo")
 
 
+WARM_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jnova
+    from models import tiny
+
+    step, params, state, ids = tiny.setup(seed=0)
+    lowered = jnova.compile(step, target="h200").lower(params, state, ids)
+    loaded = [m for m in ("mlir.ir", "jnova.codegen.gpu.compile", "jnova.dialect.parse") if m in sys.modules]
+    print(json.dumps({"cache_hit": lowered.stats()["cache_hit"], "xla_groups": lowered.stats()["xla_groups"],
+                      "loaded": loaded}))
+""")
+
+
+def test_a_step_restored_from_the_cache_needs_neither_mlir_nor_the_kernel_builders(tmp_path):
+    """A warm process rebuilds the GPU kernels' launches and the XLA-run groups from plain JSON: it
+    imports neither MLIR's bindings (their native libraries) nor the code that builds kernels."""
+    env = dict(os.environ, JNOVA_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    results = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", WARM_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr
+        results.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    cold, warm = results
+    assert cold["cache_hit"] is None and "jnova.codegen.gpu.compile" in cold["loaded"]
+    assert warm["cache_hit"] == "disk" and warm["xla_groups"] > 0 and warm["loaded"] == []
+
+
 def test_gpu_kernel_handles_are_equal_by_value():
-    from jnova.codegen.gpu.compile import GpuLaunch
+    from jnova.codegen.gpu.launch import GpuLaunch
     from jnova.dialect.types import TensorType
     from jnova.primitives.gpu_lowering import GpuKernelHandle
 

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 import jnova
+from jnova.capture.trace import Captured
 from jnova.codegen.worker import run_pipeline
 from jnova.errors import CompileError
+from jnova.runtime.cache import ARTIFACTS
 
 # memref loads of i1 hit an assertion in MLIR's memref-to-LLVM lowering: an abort, not an error
 ABORTING_MODULE = """func.func @k(%a: memref<4xi1>, %o: memref<4xi1>) {
@@ -60,8 +62,6 @@ def test_dump_dir_gets_every_stage(tmp_path, monkeypatch):
 
 
 def test_stats_report_kernels_fallbacks_and_stage_times():
-    from jnova.runtime.cache import ARTIFACTS
-
     ARTIFACTS.clear()  # an earlier test may have compiled the same structure
     rng = np.random.default_rng()
     w, x = rng.standard_normal((5, 3), np.float32), rng.standard_normal((4, 5), np.float32)
@@ -71,3 +71,20 @@ def test_stats_report_kernels_fallbacks_and_stage_times():
     assert stats["kernels"] == 1 and stats["fallbacks"] == []
     assert {"trace", "to_nova", "lower_cpu", "jit_llvm", "xla_lower", "xla_compile"} <= set(stats["compile_s"])
     assert all(t >= 0 for t in stats["compile_s"].values())
+
+
+def test_the_jaxpr_is_printed_only_when_asked_for(monkeypatch, tmp_path):
+    """The cold and the warm path key and compile without printing the jaxpr; `as_text("jaxpr")` prints it."""
+    monkeypatch.setenv("JNOVA_CACHE_DIR", str(tmp_path))
+    printed = []
+    original = Captured.jaxpr_text.func
+    monkeypatch.setattr(Captured, "jaxpr_text", property(lambda self: printed.append(1) or original(self)))
+    ARTIFACTS.clear()  # an earlier test may have compiled the same structure
+    fn = lambda x: jnp.sum(jnp.tanh(x) ** 2)
+    x = np.ones((3, 4), np.float32)
+    cold = jnova.compile(fn).lower(x)
+    warm = jnova.compile(fn).lower(x)
+    assert cold.stats()["cache_hit"] is None and warm.stats()["cache_hit"] == "disk"
+    assert printed == []
+    assert "tanh" in warm.as_text("jaxpr") and printed == [1]
+    assert "jaxpr" in warm.stages and "nova" in warm.stages

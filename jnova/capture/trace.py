@@ -29,8 +29,8 @@ class Captured:
 
     @cached_property
     def jaxpr_text(self) -> str:
-        """The jaxpr printed (the persistent cache's key and the "jaxpr" stage; printing a large step's
-        jaxpr takes a noticeable part of a warm compile, so it is printed once)."""
+        """The jaxpr printed: the "jaxpr" stage and its dump, printed when asked for (a large step's
+        jaxpr takes longer to print than a warm compile spends on everything after the trace)."""
         return str(self.jaxpr)
 
 

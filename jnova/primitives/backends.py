@@ -19,6 +19,7 @@ from typing import Callable
 from jnova.codegen import cpu
 from jnova.codegen.linalg.lowering import LoweringError, kernel_to_linalg
 from jnova.dialect.ir import Func
+from jnova.dialect.json_form import func_from_json, func_to_json
 from jnova.dialect.types import TensorType
 from jnova.errors import CompileError
 from jnova.passes.form_kernels import Kernel, Plan
@@ -73,7 +74,7 @@ def _cpu_handles(kernel_steps, linalg: str, llvm: str, stage) -> CompiledKernels
 def compile_gpu(plan: Plan, target, stage=lambda name: nullcontext()) -> CompiledKernels:
     from jnova.codegen.gpu.compile import compile_gpu_kernel
 
-    launches, xla_groups, groups_text = {}, {}, {}
+    launches, xla_groups, groups_text, groups_json = {}, {}, {}, {}
     by_structure: dict[str, object] = {}  # identical kernels (same ops, types) compile once
     with stage("to_ptx"), Progress("compiling GPU kernels", len(plan.kernels)) as progress:
         for k in plan.kernels:
@@ -89,6 +90,7 @@ def compile_gpu(plan: Plan, target, stage=lambda name: nullcontext()) -> Compile
             if isinstance(result, str):
                 xla_groups[k.name] = result
                 groups_text[k.name] = group_text(k, k.name)
+                groups_json[k.name] = func_to_json(group_func(k, k.name))
             else:
                 launches[k.name] = result
     if xla_groups:
@@ -97,7 +99,8 @@ def compile_gpu(plan: Plan, target, stage=lambda name: nullcontext()) -> Compile
     index = {id(l): i for i, l in enumerate(distinct)}
     files = {"launches.json": json.dumps({"launches": [_launch_json(l) for l in distinct],
                                           "kernels": {n: index[id(l)] for n, l in launches.items()}}),
-             "xla_groups.mlir": "module {\n" + "\n".join(groups_text.values()) + "\n}\n",
+             "xla_groups.mlir": "module {\n" + "\n".join(groups_text.values()) + "\n}\n",  # for reading
+             "xla_groups.json": json.dumps(groups_json),  # for running: read back without MLIR
              "xla_reasons.json": json.dumps(xla_groups)}
     return _gpu_handles(plan.kernels_json(), files)
 
@@ -107,15 +110,16 @@ def restore_gpu(files: dict[str, str], plan_json: dict, stage=lambda name: nullc
 
 
 def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
-    from jnova.codegen.gpu.compile import GpuLaunch
-    from jnova.dialect.parse import parse_funcs
+    from jnova.codegen.gpu.launch import GpuLaunch
     from jnova.primitives.gpu_lowering import GpuKernelHandle
 
     stored = json.loads(files["launches.json"])
     distinct = [GpuLaunch(**{**d, "grid": tuple(d["grid"]), "block": tuple(d["block"]),
                              "aliases": tuple(map(tuple, d.get("aliases", ())))}) for d in stored["launches"]]
     launches = {name: distinct[i] for name, i in stored["kernels"].items()}
-    groups = {f.name: f for f in parse_funcs(files["xla_groups.mlir"])} if "func.func" in files["xla_groups.mlir"] else {}
+    groups = {name: func_from_json(d) for name, d in json.loads(files["xla_groups.json"]).items()}
+    for f in groups.values():
+        f.verify()
     handles = {}
     for step in kernel_steps:
         name = step["kernel"]
@@ -147,7 +151,12 @@ def _launch_json(launch) -> dict:
 
 
 def group_text(kernel: Kernel, name: str) -> str:
+    """The kernel's ops as a standalone nova function, printed."""
+    return group_func(kernel, name).print()
+
+
+def group_func(kernel: Kernel, name: str) -> Func:
     """The kernel's ops as a standalone nova function (its inputs become arguments)."""
     f = Func(name, [])
     f.args, f.ops, f.returns = list(kernel.inputs), list(kernel.ops), list(kernel.outputs)
-    return f.print()
+    return f

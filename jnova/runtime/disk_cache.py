@@ -19,7 +19,7 @@ import warnings
 log = logging.getLogger("jnova.cache")
 
 MANIFEST = "manifest.json"
-FORMAT = 3  # bump when what an entry holds changes: older entries then miss
+FORMAT = 4  # bump when what an entry holds changes: older entries then miss
 
 
 def default_dir() -> str:

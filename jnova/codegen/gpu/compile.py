@@ -1,13 +1,12 @@
 """A fused kernel -> a launchable GPU kernel: pick its builder, build the gpu.module, produce PTX."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from jnova.codegen.gpu.batched import batched_refusal, build_batched
 from jnova.codegen.gpu.column_reduction import build_column_reduction, column_reduction_refusal
 from jnova.codegen.gpu.contraction import build_contraction, contraction_refusal
 from jnova.codegen.gpu.elementwise import build_elementwise, elementwise_refusal
 from jnova.codegen.gpu.emitter import GpuModule
+from jnova.codegen.gpu.launch import GpuLaunch
 from jnova.codegen.gpu.ptx import to_ptx
 from jnova.codegen.gpu.reduction import build_row_reduction, row_reduction_refusal
 from jnova.codegen.gpu.row_program import build_row_program, row_program_refusal
@@ -27,30 +26,6 @@ BUILDERS = (
     ("row program", row_program_refusal, build_row_program),
     ("scatter-add", scatter_refusal, build_scatter_add),
 )
-
-
-@dataclass(frozen=True)
-class GpuLaunch:
-    """One compiled kernel: its PTX entry `name`, launch geometry and the gpu.module it came from.
-
-    Parameters are the kernel's inputs then its outputs, one pointer each (16-byte aligned);
-    `aliases` pairs (input index, output index) whose buffers XLA must make one (the output starts
-    as a copy of the input: a scatter-add adds into it).
-    """
-
-    name: str
-    ptx: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_mem_bytes: int  # dynamic shared memory
-    compute_capability: int  # e.g. 90 (what jaxlib assembles the PTX for)
-    schedule: str
-    gpu_module: str
-    aliases: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def num_warps(self) -> int:
-        return self.block[0] // 32
 
 
 def build_gpu_module(kernel: Kernel, target: Target) -> GpuModule:

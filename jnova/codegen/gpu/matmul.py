@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 
 from jnova.codegen.gpu import matmul_mma, matmul_wgmma
-from jnova.codegen.gpu.compile import GpuLaunch
+from jnova.codegen.gpu.launch import GpuLaunch
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, ptx_features
 from jnova.codegen.gpu.matmul_epilogue import (BYTES, ELEMENT, Context, MatmulEpilogue, staging_bytes,
                                                store_fragments)

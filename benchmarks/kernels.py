@@ -22,6 +22,7 @@ CASES = [  # name, function, argument shapes and dtype
     ("row_sum_f32_65536x1024", lambda x: jnp.sum(x, axis=-1), [(65536, 1024)], jnp.float32),
     ("transpose_f32_8192x3072", lambda x: x.T, [(8192, 3072)], jnp.float32),
     ("transpose_f32_4x2048x768", lambda x: x.transpose(0, 2, 1), [(4, 2048, 768)], jnp.float32),
+    ("axpby_64M_again", lambda x, y: x * 0.9 + y * 0.1, [(64 * 2**20,)] * 2, jnp.float32),  # the first case warmed
 ]
 
 

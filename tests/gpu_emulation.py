@@ -24,6 +24,9 @@ import numpy as np
 from jnova.capture.to_nova import to_nova
 from jnova.capture.trace import trace
 from jnova.codegen.gpu.compile import build_gpu_module
+from jnova.passes.align_contractions import align_contractions
+from jnova.passes.split_contractions import split_contractions
+from jnova.passes.transpose_operands import transpose_operands
 from jnova.codegen.gpu.row_program import build_row_program
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.dialect.ops import ReduceOp
@@ -159,15 +162,20 @@ def assert_outputs_close(got, want, rtol: float, atol: float, err_msg: str = "")
 
 
 # --------------------------------------------------------------------------- a step's GPU plan
-def gpu_plan(fn, *args):
+def gpu_plan(fn, *args, target=None):
     """(the nova program, its GPU plan) of `fn` on `args`: one kernel per fusion group, contraction
     epilogues split off, terminal elementwise kernels batched, as `jnova.compile(..., backend="gpu")`
-    forms them; every primitive must convert."""
+    forms them; with a `target`, the contraction passes for it run first too (aligned operands,
+    split-K, K-major TF32 operands). Every primitive must convert."""
     program = to_nova(trace(fn, args, {}), fallback="error")
     func = program.func
     canonicalize(func)
     cse(func)
     dce(func, keep_sites={i for i, e in enumerate(program.sites) if e.effects})
+    if target is not None:
+        align_contractions(func)
+        split_contractions(func, target)
+        transpose_operands(func, target)
     groups = merge_neighbours(func, split_contraction_epilogues(fuse(func).groups), gpu_mergeable)
     return program, batch_terminal_kernels(kernels_from_fusion(func, groups), gpu_batchable)
 
@@ -266,7 +274,7 @@ def check_plan_kernels(fn, *args, target, seed: int = 0) -> tuple[int, list[str]
     """(kernels simulated, problems) over every kernel of `fn`'s GPU plan."""
     rng = np.random.default_rng(seed)
     simulated, problems = 0, []
-    for kernel in gpu_plan(fn, *args)[1].kernels:
+    for kernel in gpu_plan(fn, *args, target=target)[1].kernels:
         ran, found = check_kernel(kernel, target, rng)
         simulated += ran
         problems += found

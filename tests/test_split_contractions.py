@@ -186,3 +186,28 @@ def test_transpose_rewrite_keeps_the_result():
     want = jax.jit(fn)(*args)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4 * float(np.abs(w).max()))
+
+
+def test_split_and_transposed_plan_kernels_simulate_exactly():
+    """The H200 plan of an SGD step on a split weight gradient and a transposed dense layer: every
+    kernel the CPU can emulate (tiled transposes, the sums over the splits with their epilogues, the
+    elementwise updates) matches jax.lax on random inputs with poisoned outputs."""
+    from gpu_emulation import check_plan_kernels, gpu_plan
+
+    def step(x, dy, w, v):
+        g = jnp.einsum("btm,btn->mn", x, dy)
+        return w - 0.01 * g, jnp.tanh(x.reshape(-1, 768) @ v)
+
+    args = (_f32(8, 1024, 768), _f32(8, 1024, 768), _f32(768, 768), _f32(768, 3072))
+    _, plan = gpu_plan(step, *args, target=H200)
+    schedules = [compile_schedule(k) for k in plan.kernels]
+    assert any(s.startswith("transpose(") for s in schedules), schedules
+    assert any("column_reduction(rows=16" in s or "column reduction 1x589824" in s for s in schedules), schedules
+    simulated, problems = check_plan_kernels(step, *args, target=H200)
+    assert simulated >= 2 and not problems, problems  # the transpose and the batch (sum + tanh)
+
+
+def compile_schedule(kernel) -> str:
+    from jnova.codegen.gpu.compile import build_gpu_module
+
+    return build_gpu_module(kernel, H200).schedule

@@ -85,7 +85,9 @@ WGMMA_16BIT_PEAK_FRACTION = 0.5
 # peak (H200, benchmarks/matmul_layouts.py, 256x128x32 tiles, 16384x3072x768 and 16384x768x3072:
 # rc 254/291 TFLOP/s, rr 188/207, cc 166/172, cr 126/139 of 495)
 TF32_LAYOUT_FRACTION = {("row", "col"): 0.55, ("row", "row"): 0.40, ("col", "col"): 0.34, ("col", "row"): 0.27}
-TRANSPOSE_DRAM_EFFICIENCY = 0.5  # of the DRAM bandwidth, for a transpose kernel's read and write
+# of the DRAM bandwidth, for a transpose kernel's read and write (H200, codegen/gpu/transpose.py:
+# 3184 GB/s on 8192 x 3072 f32, 1277 GB/s on 4 x 2048 x 768, benchmarks/kernels.py)
+TRANSPOSE_DRAM_EFFICIENCY = 0.5
 TRANSPOSE_LAUNCH_S = 4e-6
 TRANSPOSE_MAX_BYTES = 256 * 2**20
 TRANSPOSE_MIN_GAIN = 0.9  # transposes must be estimated at most this fraction of the time without
@@ -316,9 +318,9 @@ def _best_split(times: list[tuple[int, float]]) -> int:
 def _split_times(problem: ContractionProblem, target: Target) -> list[tuple[int, float]]:
     """(S, estimated seconds) for S = 1 and every split that rule 6 allows."""
     mma = _mma_kind(problem.operand_dtype, target)
-    whole = [(1, _contraction_seconds(problem, target, mma))]
     if not (mma.startswith("wgmma") and problem.batch == 1 and problem.b_layout == "row"):
-        return whole
+        return [(1, 0.0)]  # no split to weigh: no time model needed
+    whole = [(1, _contraction_seconds(problem, target, mma))]
     partial_bytes = problem.m * problem.n * OPERAND_BYTES[problem.out_dtype]
     for s in range(2, SPLIT_K_MAX + 1):
         if problem.k % s or problem.k // s < SPLIT_K_MIN_K:

@@ -268,7 +268,7 @@ def batch_terminal_kernels(plan: Plan, batchable, max_params: int = MAX_BATCH_PA
         return sum(v.type.size * itemsize(v.type.dtype) for v in set(k.inputs)
                    if v.owner is not None and last_reader[v] == position[id(k)])
 
-    candidates = [s for s in plan.steps if isinstance(s, Kernel) and not isinstance(s, View) and s.outputs and batchable(s)
+    candidates = [s for s in plan.kernels if s.outputs and batchable(s)
                   and all(v in returned and v not in read for v in s.outputs)]
     batches, current, params, delayed = [], [], set(), 0
     for k in candidates:

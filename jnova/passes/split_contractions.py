@@ -5,11 +5,12 @@ tiles (GPT-2's 768 x 768 projection: 18 tiles of 256 x 128 for an H200's 132 SMs
 (8192 tokens). Its contracting dims lead both operands (A as [K, M], B as [K, N]), so viewing them
 as [S, K/S] is a reshape of leading dims that moves no data (XLA makes it a bitcast). The matmul
 becomes a batched one over S, each batch a partial product over K/S, and a sum over S gives the
-result. A with K contiguous ([M, K], a long K such as the LM head's input gradient over a 50257-word
-vocabulary) is viewed as [M, S, K/S]: its batch dim does not lead, and the contraction kernels read
-such an A in place (`ContractionProblem.a_split_k`: its slices are K/S columns apart); the sum is a column reduction, into which the result's elementwise consumers fuse as they
-fused into the matmul (an optimizer's update, a bias add). The sum is exact math reordered: partial
-sums of K/S terms added S at a time.
+result. An A with K contiguous ([M, K]: a long K, such as the LM head's input gradient over a
+50257-word vocabulary) is viewed as [M, S, K/S]; its batch dim does not lead, and the contraction
+kernels read such an A in place (`ContractionProblem.a_split_k`: its slices are K/S columns apart).
+The sum is a column reduction, into which the result's elementwise consumers fuse as they fused into
+the matmul (an optimizer's update, a bias add). It is the same math reordered: partial sums of K/S
+terms, added S at a time.
 
 The Analytic Configurator chooses S (`configure_tiles.choose_split_k`, its rule 6); GPU plan only.
 """
@@ -36,8 +37,9 @@ def split_contractions(func: Func, target) -> int:
         if splits == 1:
             ops.append(op)
             continue
-        log.debug("split_contractions: %dx%dx%d %s into %d (%s)", problem.m, problem.n, problem.k,
-                  problem.operand_dtype, splits, explain_split_k(problem, target))
+        if log.isEnabledFor(logging.DEBUG):  # the explanation weighs every split again
+            log.debug("split_contractions: %dx%dx%d %s into %d (%s)", problem.m, problem.n, problem.k,
+                      problem.operand_dtype, splits, explain_split_k(problem, target))
         ops += _split(op, splits, problem.k, problem.a_layout)
         count += 1
     func.ops = ops

@@ -29,7 +29,7 @@ def transpose_operands(func: Func, target) -> int:
     for op in func.ops:
         problem = contraction_problem(op)[0] if op.name == "nova.matmul" else None
         choice = choose_transposes(problem, target) if problem is not None else (False, False)
-        if any(choice):
+        if any(choice) and log.isEnabledFor(logging.DEBUG):  # the explanation weighs every choice again
             log.debug("transpose_operands: %dx%dx%dx%d (%s)", problem.batch, problem.m, problem.n, problem.k,
                       explain_transposes(problem, target))
         for i, side in enumerate(("lhs", "rhs")):

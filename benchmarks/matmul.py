@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jnova.codegen.gpu import matmul_wgmma
-from jnova.codegen.gpu.matmul import build_matmul
+from jnova.codegen.gpu.matmul import build_matmul, persistent_blocks
 from jnova.dialect.types import TensorType
 from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles
 from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
@@ -48,10 +48,14 @@ VARIANTS = {  # other schedules than the configurator's, to see where its choice
                 "block=256x128x32 warps=8x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128",
                 "block=128x128x32 warps=8x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128",
                 "block=128x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128"],
-    "bfloat16": ["block=128x128x64 warps=4x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128",  # 2 blocks / SM
-                 "block=128x128x64 warps=4x1 stages=2 mma=wgmma_bf16_m64nNk16 swizzle=128",  # 3 blocks / SM
+    "bfloat16": ["block=128x128x64 warps=4x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128",
+                 "block=128x128x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
+                 "block=128x128x64 warps=8x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128",
+                 "block=128x128x64 warps=4x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
                  "block=128x256x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
-                 "block=256x128x64 warps=8x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128"],
+                 # warp-specialized: the config is one consumer's tile (matmul_pingpong.py)
+                 "block=128x128x64 warps=4x1 stages=6 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong",
+                 "block=128x128x64 warps=4x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong"],
 }
 TOLERANCE = {"float32": 2e-3, "bfloat16": 1e-3}  # vs XLA: both TF32 / both f32-accumulated bf16
 
@@ -93,11 +97,18 @@ def relative_error(x, y) -> float:
     return float(jnp.linalg.norm((x - y).astype(jnp.float32)) / jnp.linalg.norm(y.astype(jnp.float32)))
 
 
+def variant(text: str) -> tuple[TileConfig, bool]:
+    """(config, ping-pong kernel?) of a VARIANTS entry."""
+    return TileConfig.parse(text.removesuffix(" pingpong")), text.endswith(" pingpong")
+
+
 def build_all(jobs, target):
-    """GpuKernel (or the exception) per job (problem, config), compiled in parallel processes."""
+    """GpuKernel (or the exception) per job (problem, config, persistent, pingpong), compiled in parallel
+    processes."""
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=context) as pool:
-        futures = [pool.submit(build_matmul, problem, config, target) for problem, config in jobs]
+        futures = [pool.submit(build_matmul, problem, config, target, None, None, persistent, pingpong)
+                   for problem, config, persistent, pingpong in jobs]
         return [f.exception() or f.result() for f in futures]
 
 
@@ -139,27 +150,32 @@ def no_store(ctx, epilogue, fragments) -> None:
         em.line(f"memref.store {total}, {ctx.memrefs['c'][0]}[{em.index(0)}] : {ctx.memrefs['c'][1]}")
 
 
-def mainloop_only(target, shapes, dtypes, notes: list) -> None:
-    """Time the configurator's kernel with its stores removed (the accumulators are summed and stored
-    only if the sum is an impossible value), to see what the epilogue costs."""
+def mainloop_only(target, shapes, dtypes, notes: list, variants: bool = False) -> None:
+    """Time the configurator's kernel (and with `variants` the VARIANTS configs, a block per tile)
+    with its stores removed (the accumulators are summed and stored only if the sum is an impossible
+    value), to see what the epilogue costs."""
     from jnova.codegen.gpu import matmul as matmul_module
 
     original = matmul_module.store_fragments
     for dtype in dtypes:
         for m, n, k in shapes:
             problem = ContractionProblem(m, n, k, operand_dtype=dtype)
-            config = choose_tiles(problem, target)
-            matmul_module.store_fragments = no_store
-            try:
-                kernel = build_matmul(problem, config, target, name=f"mainloop_only_{dtype}_{m}x{n}x{k}")
-            finally:
-                matmul_module.store_fragments = original
-            a = jnp.ones((m, k), jnp.dtype(dtype))
-            b = jnp.ones((k, n), jnp.dtype(dtype))
-            t = timed(jnova_call(kernel, problem), (a, b))
-            line = f"mainloop only {dtype} {m}x{n}x{k} {config}: {problem.flops / t / 1e12:.1f} TFLOP/s ({t * 1e3:.3f} ms)"
-            print(line)
-            notes.append(line)
+            configs = [choose_tiles(problem, target)]
+            configs += [variant(v)[0] for v in VARIANTS[dtype] if not variant(v)[1]] if variants else []
+            for config in configs:
+                matmul_module.store_fragments = no_store
+                try:
+                    kernel = build_matmul(problem, config, target, name=f"mainloop_only_{dtype}_{m}x{n}x{k}",
+                                          persistent=False)
+                finally:
+                    matmul_module.store_fragments = original
+                a = jnp.ones((m, k), jnp.dtype(dtype))
+                b = jnp.ones((k, n), jnp.dtype(dtype))
+                t = timed(jnova_call(kernel, problem), (a, b))
+                line = (f"mainloop only {dtype} {m}x{n}x{k} {config}: {problem.flops / t / 1e12:.1f} TFLOP/s "
+                        f"({t * 1e3:.3f} ms)")
+                print(line)
+                notes.append(line)
 
 
 def accuracy(target, base: dict, m: int = 1024, n: int = 1024, k: int = 1024) -> list[dict]:
@@ -220,6 +236,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=",".join(f"{m}x{n}x{k}" for m, n, k in SHAPES))
     parser.add_argument("--variants", action="store_true", help="also time other tile configs on GPT-2 shapes")
     parser.add_argument("--diagnose", action="store_true", help="check the wgmma descriptor variants first")
+    parser.add_argument("--mainloop-only", action="store_true",
+                        help="only time kernels with their stores removed (the --shapes; with --variants also "
+                             "the other configs)")
     parser.add_argument("--compiled", action="store_true",
                         help="only time jnova.compile(a @ b) (kernel plus operand transposes) against XLA")
     args = parser.parse_args(argv)
@@ -236,27 +255,34 @@ def main(argv=None) -> int:
         mainloop_only(target, [(16384, 3072, 768), (16384, 768, 3072)], args.dtypes.split(","), notes)
 
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    if args.mainloop_only:
+        mainloop_only(target, shapes, args.dtypes.split(","), notes, args.variants)
+        return 0
     if args.compiled:
         base = {"bench": "matmul", "device": device, "date": datetime.date.today().isoformat(),
                 "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown")}
         append_records("matmul.jsonl", compiled_matmuls(shapes, args.dtypes.split(","), base))
         return 0
-    jobs = []  # (label, problem, config, chosen?)
+    jobs = []  # (problem, config, chosen?, persistent: None = as build_matmul decides, False = never)
     for dtype in args.dtypes.split(","):
         for m, n, k in shapes:
             problem = ContractionProblem(m, n, k, operand_dtype=dtype)
-            jobs.append((problem, choose_tiles(problem, target), True))
+            configs = [(choose_tiles(problem, target), True, False)]
             if args.variants and (m, n, k) in GPT2:
-                jobs += [(problem, TileConfig.parse(v), False) for v in VARIANTS[dtype]]
+                configs += [(config, False, pingpong) for config, pingpong in map(variant, VARIANTS[dtype])]
+            for config, chosen, pingpong in configs:
+                jobs.append((problem, config, chosen, None, pingpong))
+                if args.variants and not pingpong and persistent_blocks(problem, config, target):
+                    jobs.append((problem, config, False, False, False))  # the same, a block per tile
     start = time.time()
-    kernels = build_all([(p, c) for p, c, _ in jobs], target)
+    kernels = build_all([(p, c, persistent, pingpong) for p, c, _, persistent, pingpong in jobs], target)
     print(f"compiled {len(kernels)} kernels in {time.time() - start:.1f} s")
 
     records, rows = [], []
     base = {"bench": "matmul", "device": device, "date": datetime.date.today().isoformat(),
             "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown")}
     xla_done = {}
-    for (problem, config, chosen), kernel in zip(jobs, kernels):
+    for (problem, config, chosen, _, _), kernel in zip(jobs, kernels):
         case, dtype = f"{problem.m}x{problem.n}x{problem.k}", problem.operand_dtype
         key = jax.random.PRNGKey(problem.m + problem.n + problem.k)
         ka, kb = jax.random.split(key)
@@ -278,9 +304,11 @@ def main(argv=None) -> int:
             rows.append((case, dtype, impl, None, t_xla, err, f"{config}: WRONG (rel err {err:.2e} vs XLA)"))
             continue
         t = timed(call, (a, b))
+        schedule = kernel.schedule.split(" b=", 1)[1].split(" ", 1)[1]  # the config and the store form
+        schedule += " pingpong" if "[pingpong]" in kernel.schedule else ""
         records.append({**base, "case": case, "dtype": dtype, "impl": impl, "metric": "tflops",
-                        "value": round(problem.flops / t / 1e12, 2), "config": str(config)})
-        rows.append((case, dtype, impl, t, t_xla, err, str(config)))
+                        "value": round(problem.flops / t / 1e12, 2), "config": schedule})
+        rows.append((case, dtype, impl, t, t_xla, err, schedule))
         del a, b
 
     print(f"\n{device}, jax {jax.__version__}, jnova {base['jnova']}")

@@ -12,7 +12,9 @@ from jnova.codegen.gpu.matmul import (
     MatmulEpilogue,
     build_matmul,
     matmul_module,
+    persistent_blocks,
 )
+from jnova.codegen.gpu.matmul_epilogue import staging_bytes
 from jnova.codegen.gpu.ptx import assemble_check, ptxas_path
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles
@@ -147,3 +149,48 @@ def test_tf32_kernel_for_an_ampere_target():
     assert ".target sm_86" in kernel.ptx
     if ptxas_path():
         assert assemble_check(kernel.ptx, target.arch).spills == 0
+
+
+BF16_128 = "block=128x128x64 warps={} stages={} mma=wgmma_bf16_m64nNk16 swizzle=128"
+
+
+def test_persistent_form_where_it_keeps_the_blocks_per_sm():
+    """bf16 128x128 tiles of 4 stages (one block per SM either way) walk tiles with the staging buffer
+    beside the ring; 3 stages (two blocks per SM without it), TF32, and fewer than two waves of tiles
+    keep a block per tile."""
+    big = ContractionProblem(16384, 3072, 768, operand_dtype="bfloat16")
+    config = TileConfig.parse(BF16_128.format("8x1", 4))
+    assert persistent_blocks(big, config, H200) == 1
+    module = matmul_module(big, config, H200)
+    assert module.schedule.endswith("persistent store=async") and module.grid == (H200.sm_count, 1, 1)
+    assert module.shared_mem_bytes == 4 * 32 * 1024 + staging_bytes(config)
+    # the staging buffer starts after the ring, and its copies are waited for before it is written again
+    loop = module.text.split("scf.for %tile", 1)[1]
+    assert f"arith.constant {4 * 32 * 1024} : index" in module.text
+    assert loop.count("nvvm.cp.async.bulk.wait_group 0 {read}") == 2  # before the writes; at the end
+    assert persistent_blocks(big, TileConfig.parse(BF16_128.format("4x1", 3)), H200) == 0
+    tf32 = TileConfig.parse("block=128x128x32 warps=8x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128")
+    assert persistent_blocks(ContractionProblem(16384, 3072, 768), tf32, H200) == 0
+    small = ContractionProblem(1024, 1024, 768, operand_dtype="bfloat16")  # 64 tiles
+    assert persistent_blocks(small, config, H200) == 0
+    assert "persistent" not in matmul_module(small, config, H200).schedule
+    assert matmul_module(small, config, H200, persistent=True).schedule.endswith("persistent store=async")
+    assert "store=bulk" in matmul_module(big, config, H200, persistent=False).schedule
+
+
+def test_persistent_form_is_refused_where_the_staging_buffer_does_not_fit():
+    problem = ContractionProblem(16384, 3072, 768, operand_dtype="bfloat16")
+    config = TileConfig.parse("block=256x128x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128")
+    assert persistent_blocks(problem, config, H200) == 0
+    with pytest.raises(LoweringError, match="no persistent form"):
+        matmul_module(problem, config, H200, persistent=True)
+
+
+@requires_ptxas
+def test_persistent_kernel_assembles_without_spills():
+    problem = ContractionProblem(1000, 1000, 72, batch=3, operand_dtype="bfloat16")
+    kernel = build_matmul(problem, TileConfig.parse(BF16_128.format("8x1", 4)), H200,
+                          MatmulEpilogue(bias="float32", residual="float32"), persistent=True)
+    report = assemble_check(kernel.ptx, "sm_90a")
+    print(kernel.schedule, report)
+    assert "persistent" in kernel.schedule and report.spill_stores == report.spill_loads == 0

@@ -63,8 +63,10 @@ MMA_SYNC_MAX_RUNG = 2  # 128x128: 8 warps of 64x32 warp tiles
 _MBARRIER_BYTES_PER_STAGE = 16  # full + empty mbarrier of a TMA/wgmma pipeline stage
 # One SM's throughput on a wgmma tile of each rung, relative to the top rung's (H200, GPT-2 shapes,
 # benchmarks/matmul.py --variants, 2026-11-30): TF32 128x64 0.67-0.75, 128x128 0.63-0.75, 64x64 ~0.4
-# (MN-major TF32 operands are copied 4 bytes at a time); bf16 128x64 0.78-1.03, 128x128 0.8-1.05.
-WGMMA_TILE_EFFICIENCY = {"tf32": (0.4, 0.7, 0.68, 1.0), "16-bit": (0.5, 0.85, 0.85, 1.0),
+# (MN-major TF32 operands are copied 4 bytes at a time). bf16, measured again with the bulk-copy
+# epilogue (2026-12-01, 4096x768x3072 and 4096x768x50304): 128x64 0.49-0.58, 128x128 0.83-0.87 (it was
+# 0.78-1.03 and 0.8-1.05 with stores from registers); 64x64 scaled down with 128x64.
+WGMMA_TILE_EFFICIENCY = {"tf32": (0.4, 0.7, 0.68, 1.0), "16-bit": (0.35, 0.6, 0.85, 1.0),
                          # TF32 with both operands MN-major (weight gradients; both copied 4 bytes at a
                          # time): 128x64 tiles ran GPT-2's at ~70 TFLOP/s per full wave, 256x128 ones 126-139
                          "tf32-mn": (0.3, 0.55, 0.68, 1.0)}

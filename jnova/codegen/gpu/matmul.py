@@ -28,11 +28,12 @@ Shared pieces: `matmul_smem.py` (tile layouts in shared memory, global -> shared
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
 
-from jnova.codegen.gpu import matmul_mma, matmul_wgmma
+from jnova.codegen.gpu import matmul_mma, matmul_pingpong, matmul_wgmma
 from jnova.codegen.gpu.launch import GpuLaunch
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, ptx_features
 from jnova.codegen.gpu.matmul_epilogue import (BYTES, ELEMENT, Context, MatmulEpilogue, staging_bytes,
@@ -44,6 +45,7 @@ from jnova.passes.configure_tiles import ContractionProblem, TileConfig
 from jnova.runtime.target import Target
 
 GROUP_M = 8  # block tiles along M that share a sweep over N (L2 reuse of the B panels)
+PERSISTENT_MIN_WAVES = 2  # a persistent kernel needs at least this many tiles per resident block
 ALIGN = 16
 
 
@@ -68,9 +70,12 @@ class GpuKernel:
 
 
 def build_matmul(problem: ContractionProblem, config: TileConfig, target: Target,
-                 epilogue: MatmulEpilogue | None = None, name: str | None = None) -> GpuKernel:
-    """The kernel computing `problem` with `config` on `target` (LoweringError if it cannot)."""
-    module = matmul_module(problem, config, target, epilogue, name)
+                 epilogue: MatmulEpilogue | None = None, name: str | None = None,
+                 persistent: bool | None = None, pingpong: bool = False) -> GpuKernel:
+    """The kernel computing `problem` with `config` on `target` (LoweringError if it cannot);
+    `persistent` forces the persistent form on or off (None: where `persistent_blocks` allows it);
+    `pingpong`: the warp-specialized kernel (`matmul_pingpong.py`), config giving a consumer's tile."""
+    module = matmul_module(problem, config, target, epilogue, name, persistent, pingpong)
     major, minor = target.compute_capability
     return GpuKernel(module.name, to_ptx(module.text), module.grid, module.block, module.shared_mem_bytes,
                      kernel_params(epilogue), 10 * major + minor, module.schedule, module.text)
@@ -110,8 +115,36 @@ def operand_tiles(problem: ContractionProblem, config: TileConfig, swizzle_a: st
     return a, b
 
 
+def persistent_blocks(problem: ContractionProblem, config: TileConfig, target: Target,
+                      min_waves: int = PERSISTENT_MIN_WAVES) -> int:
+    """Blocks per SM of the persistent form of this kernel, 0 where it has none.
+
+    Each block walks tiles; a tile's interior leaves through a staging buffer beside the stage ring
+    by bulk copies that nobody waits for, so its stores drain while the block computes the next tile
+    (whose first k-tiles were copied before the store). Taken on sm_90a for 16-bit operands when the
+    staging buffer fits without lowering the blocks per SM, with at least `min_waves` tiles per
+    resident block. On the H200 (GPT-2 shapes, benchmarks/matmul.py --variants) this gained 4-17% on
+    bf16 128x128 tiles of 4 stages; it lost 14-26% where it halved the blocks per SM (128x64 or 3
+    stages), and -13..+5% on TF32 tiles, whose MN-major operands make the copies the bottleneck."""
+    if not config.is_wgmma or "tf32" in config.mma or problem.n % 4:
+        return 0
+    a, b = operand_tiles(problem, config, *matmul_wgmma.SWIZZLES(problem, config), matmul_wgmma.k_major_only(config))
+    ring = config.stages * (a.bytes + b.bytes)
+    smem = ring + staging_bytes(config)
+    if smem > target.smem_per_block_optin:
+        return 0
+    threads = matmul_wgmma.threads(problem, config)
+    per_sm = lambda nbytes: max(1, min(target.smem_per_sm // (nbytes + 1024), 2048 // threads))  # 2048 threads/SM
+    resident = per_sm(smem)
+    if resident < per_sm(max(ring, staging_bytes(config))):
+        return 0
+    tiles = problem.batch * math.ceil(problem.m / config.block_m) * math.ceil(problem.n / config.block_n)
+    return resident if tiles >= min_waves * resident * target.sm_count else 0
+
+
 def matmul_module(problem: ContractionProblem, config: TileConfig, target: Target,
-                  epilogue: MatmulEpilogue | None = None, name: str | None = None) -> GpuModule:
+                  epilogue: MatmulEpilogue | None = None, name: str | None = None,
+                  persistent: bool | None = None, pingpong: bool = False) -> GpuModule:
     """The gpu.module text of the kernel (no compilation)."""
     reason = matmul_refusal(problem, config, target)
     if reason:
@@ -130,38 +163,88 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
         raise LoweringError(f"{config}: {smem_bytes} B of shared memory exceed {target.name}'s "
                             f"{target.smem_per_block_optin} B per block")
 
-    # sm_90a: interior tiles leave through shared memory and bulk copies (16-byte aligned rows of C)
+    if pingpong:
+        return _pingpong_module(problem, config, target, epilogue, name, a, b, tiles_m, tiles_n, smem_bytes)
+
+    # sm_90a: interior tiles leave through shared memory and bulk copies (16-byte aligned rows of C);
+    # persistent (see `persistent_blocks`) with the staging buffer beside the ring, else over it
+    resident = 0 if persistent is False else persistent_blocks(problem, config, target, 0 if persistent else
+                                                                PERSISTENT_MIN_WAVES)
+    if persistent and not resident:
+        raise LoweringError(f"{config} has no persistent form for {problem} on {target.name}")
     staged = config.is_wgmma and problem.n % 4 == 0 and staging_bytes(config) <= target.smem_per_block_optin
-    if staged:
+    ring_bytes = smem_bytes
+    if resident:
+        smem_bytes = ring_bytes + staging_bytes(config)
+    elif staged:
         smem_bytes = max(smem_bytes, staging_bytes(config))
 
     em = GpuEmitter()
     memrefs = _parameters(problem, epilogue)
     ctx = _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs)
     ctx.staged = staged
-    fragments = family.main_loop(ctx)
-    store_fragments(ctx, epilogue, fragments)
+    grid = (tiles_m * tiles_n, 1, problem.batch)
+    if resident:
+        ctx.staging_offset, ctx.store_async = ring_bytes, True
+        total = problem.batch * tiles_m * tiles_n
+        grid = (min(total, resident * target.sm_count), 1, 1)
+        _persistent_tiles(ctx, family, epilogue, tiles_m, tiles_n, total, grid[0])
+    else:
+        fragments = family.main_loop(ctx)
+        store_fragments(ctx, epilogue, fragments)
 
+    # minctasm = 1 (.minnctapersm 1): without it ptxas aims at several blocks per SM and spills,
+    # though shared memory allows one or two
+    text = _module_text(name, memrefs, em.lines, threads, target, "nvvm.minctasm = 1 : i32")
+    schedule = f"matmul[{family.__name__.rsplit('_', 1)[-1]}] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
+               f"{problem.operand_dtype} a={problem.a_layout}{'/split_k' if problem.a_split_k else ''} " \
+               f"b={problem.b_layout} {config}" \
+               f"{' store=bulk' if staged and not resident else ''}{' persistent store=async' if resident else ''}"
+    return GpuModule(name, text, grid, (threads, 1, 1), smem_bytes, schedule)
+
+
+def _module_text(name: str, memrefs: dict, lines: list[str], threads: int, target: Target, attributes: str) -> str:
     args = ", ".join(f"{ssa}: {t} {{llvm.align = {ALIGN} : i64}}" for ssa, t in memrefs.values())
     nvvm = f'#nvvm.target<O = 3, chip = "{target.arch}", features = "{ptx_features(target)}">'
-    text = "\n".join([
+    return "\n".join([
         "module attributes {gpu.container_module} {",
         f"gpu.module @{name}_module [{nvvm}] {{",
-        # minctasm = 1 (.minnctapersm 1): without it ptxas aims at several blocks per SM and spills,
-        # though shared memory allows one or two
-        (f"  gpu.func @{name}({args}) kernel attributes {{known_block_size = array<i32: {threads}, 1, 1>, "
-         f"nvvm.minctasm = 1 : i32}} {{"),
-        *em.lines,
+        f"  gpu.func @{name}({args}) kernel attributes {{known_block_size = array<i32: {threads}, 1, 1>, {attributes}}} {{",
+        *lines,
         "    gpu.return",
         "  }",
         "}",
         "}",
     ]) + "\n"
-    schedule = f"matmul[{family.__name__.rsplit('_', 1)[-1]}] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
-               f"{problem.operand_dtype} a={problem.a_layout}{'/split_k' if problem.a_split_k else ''} " \
-               f"b={problem.b_layout} {config}" \
-               f"{' store=bulk' if staged else ''}"
-    return GpuModule(name, text, (tiles_m * tiles_n, 1, problem.batch), (threads, 1, 1), smem_bytes, schedule)
+
+
+def _pingpong_module(problem, config, target, epilogue, name, a, b, tiles_m, tiles_n, ring_bytes) -> GpuModule:
+    """The warp-specialized kernel (`matmul_pingpong.py`): `config` is one consumer's tile."""
+    problems = []
+    if not config.is_wgmma or "tf32" in config.mma:
+        problems.append("it needs 16-bit wgmma operands")
+    if (config.warps_m, config.warps_n) != (4, 1):
+        problems.append("a consumer is one warpgroup (warps=4x1)")
+    if a.vector == 1 or b.vector == 1:
+        problems.append("its producer copies by cp.async only (rows of A and B 4-byte aligned)")
+    if problems:
+        raise LoweringError(f"no ping-pong kernel for {problem} with {config}: " + "; ".join(problems))
+    threads = matmul_pingpong.THREADS
+    smem_bytes = matmul_pingpong.smem_bytes(ring_bytes, config.stages)
+    if smem_bytes > target.smem_per_block_optin:
+        raise LoweringError(f"{config}: {smem_bytes} B of shared memory exceed {target.name}'s "
+                            f"{target.smem_per_block_optin} B per block")
+    em = GpuEmitter()
+    memrefs = _parameters(problem, epilogue)
+    ctx = _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs)
+    total = problem.batch * tiles_m * tiles_n
+    grid = (min(total, target.sm_count), 1, 1)
+    matmul_pingpong.emit(ctx, epilogue, tiles_m, tiles_n, total, grid[0], ring_bytes,
+                         lambda c, t: _tile_context(c, t, tiles_m, tiles_n))
+    text = _module_text(name, memrefs, em.lines, threads, target, f"nvvm.maxnreg = {matmul_pingpong.LAUNCH_REGS} : i32")
+    schedule = f"matmul[pingpong] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
+               f"{problem.operand_dtype} a={problem.a_layout} b={problem.b_layout} {config}"
+    return GpuModule(name, text, grid, (threads, 1, 1), smem_bytes, schedule)
 
 
 def default_name(problem: ContractionProblem, config: TileConfig, epilogue: MatmulEpilogue) -> str:
@@ -183,11 +266,39 @@ def _parameters(problem: ContractionProblem, epilogue: MatmulEpilogue) -> dict:
     return params
 
 
-def _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs) -> Context:
-    """Block -> (batch, tile) with grouped rasterization, thread id, shared-memory views."""
-    tid = em.op("gpu.thread_id x")
-    pid = em.op("gpu.block_id x")
-    batch = em.op("gpu.block_id z")
+def _persistent_tiles(ctx: Context, family, epilogue: MatmulEpilogue, tiles_m: int, tiles_n: int, total: int,
+                      blocks: int) -> None:
+    """Block b computes tiles b, b + blocks, ... (batch-major, grouped rasterization within a batch).
+    After a tile's last wgmma the block copies the next tile's first k-tiles, then stores this one
+    through the staging buffer; its bulk copies are waited for (shared memory read) only before the
+    staging buffer is written again, and at the end."""
+    em = ctx.em
+    first = em.op("gpu.block_id x")
+    family.prefetch(_tile_context(ctx, first, tiles_m, tiles_n))
+    t = em.fresh("tile")
+    with em.region(f"scf.for {t} = {first} to {em.index(total)} step {em.index(blocks)} {{"):
+        here = _tile_context(ctx, t, tiles_m, tiles_n)
+        fragments = family.main_loop(here, prefetched=True)
+        em.line("gpu.barrier")  # every warpgroup is done with the ring: the next tile's copies may land
+        following = em.op(f"arith.addi {t}, {em.index(blocks)} : index")
+        more = em.op(f"arith.cmpi ult, {following}, {em.index(total)} : index")
+        with em.region(f"scf.if {more} {{"):
+            family.prefetch(_tile_context(ctx, following, tiles_m, tiles_n))
+        store_fragments(here, epilogue, fragments)
+    em.line("nvvm.cp.async.bulk.wait_group 0 {read}")  # the last staged tile read: the block may exit
+
+
+def _tile_context(ctx: Context, t: str, tiles_m: int, tiles_n: int) -> Context:
+    """`ctx` for tile index `t` of a persistent kernel (batch-major)."""
+    em = ctx.em
+    per_batch = tiles_m * tiles_n
+    batch = em.op(f"arith.divui {t}, {em.index(per_batch)} : index")
+    m0, n0 = _tile_origin(em, ctx.config, em.op(f"arith.remui {t}, {em.index(per_batch)} : index"), tiles_m, tiles_n)
+    return dataclasses.replace(ctx, batch=batch, m0=m0, n0=n0)
+
+
+def _tile_origin(em, config, pid: str, tiles_m: int, tiles_n: int) -> tuple[str, str]:
+    """(first row, first column) of tile `pid` of a batch: GROUP_M tiles along M share a sweep over N."""
     group = GROUP_M * tiles_n
     group_id = em.op(f"arith.divui {pid}, {em.index(group)} : index")
     first_m = em.op(f"arith.muli {group_id}, {em.index(GROUP_M)} : index")
@@ -196,8 +307,16 @@ def _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs) -> 
     in_group = em.op(f"arith.remui {pid}, {em.index(group)} : index")
     pid_m = em.op(f"arith.addi {first_m}, {em.op(f'arith.remui {in_group}, {size_m} : index')} : index")
     pid_n = em.op(f"arith.divui {in_group}, {size_m} : index")
-    m0 = em.op(f"arith.muli {pid_m}, {em.index(config.block_m)} : index")
-    n0 = em.op(f"arith.muli {pid_n}, {em.index(config.block_n)} : index")
+    return (em.op(f"arith.muli {pid_m}, {em.index(config.block_m)} : index"),
+            em.op(f"arith.muli {pid_n}, {em.index(config.block_n)} : index"))
+
+
+def _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs) -> Context:
+    """Block -> (batch, tile) with grouped rasterization, thread id, shared-memory views."""
+    tid = em.op("gpu.thread_id x")
+    pid = em.op("gpu.block_id x")
+    batch = em.op("gpu.block_id z")
+    m0, n0 = _tile_origin(em, config, pid, tiles_m, tiles_n)
     smem = em.op(f"gpu.dynamic_shared_memory : memref<?xi8, {SMEM}>")
     stages = config.stages
     a_ring = em.op(f"memref.view {smem}[{em.index(0)}][] : memref<?xi8, {SMEM}> to {a.memref(stages)}")

@@ -61,6 +61,8 @@ class Context:
     a_ring_bytes: int
     memrefs: dict  # parameter name -> (SSA name, memref type)
     staged: bool = False  # interior tiles leave through shared memory and bulk copies (module docstring)
+    staging_offset: int = 0  # where the staged tile starts in shared memory (0: over the stage ring)
+    store_async: bool = False  # staged copies are not waited for (a persistent kernel, staging beside the ring)
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,10 @@ def _store_staged(ctx: Context, epilogue: MatmulEpilogue, fragments: list[Fragme
     em, p, cfg = ctx.em, ctx.problem, ctx.config
     width = cfg.block_n + STAGE_PAD
     tile_type = f"memref<{cfg.block_m * width}xf32, #gpu.address_space<workgroup>>"
-    tile = em.op(f"memref.view {ctx.smem}[{em.index(0)}][] : memref<?xi8, #gpu.address_space<workgroup>> to {tile_type}")
+    tile = em.op(f"memref.view {ctx.smem}[{em.index(ctx.staging_offset)}][] : "
+                 f"memref<?xi8, #gpu.address_space<workgroup>> to {tile_type}")
+    if ctx.store_async:  # the previous tile's copies (each thread's own bulk group) have read the staging tile
+        em.line("nvvm.cp.async.bulk.wait_group 0 {read}")
     em.line("gpu.barrier")  # every warpgroup's last wgmma has read the ring
     for f in fragments:
         value, _, _ = _pair_value(ctx, epilogue, f, c_base, masked=False)
@@ -150,11 +155,12 @@ def _store_staged(ctx: Context, epilogue: MatmulEpilogue, fragments: list[Fragme
     with em.region(f"scf.for {row} = {ctx.tid} to {em.index(cfg.block_m)} step {em.index(ctx.threads)} {{"):
         global_ofs = ix_add(em, c_base, (em.op(f"arith.addi {ctx.m0}, {row} : index"), p.n), ctx.n0)
         dst = _pointer(em, ix_add(em, c_addr, (global_ofs, 4)), "1")
-        src = _pointer(em, ix_add(em, s_addr, (row, width * 4)), "3")
+        src = _pointer(em, ix_add(em, s_addr, (row, width * 4), ctx.staging_offset), "3")
         em.line(f"nvvm.cp.async.bulk.global.shared.cta {dst}, {src}, {em.i32(cfg.block_n * 4)} : "
                 f"!llvm.ptr<1>, !llvm.ptr<3>")
     em.line("nvvm.cp.async.bulk.commit.group")
-    em.line("nvvm.cp.async.bulk.wait_group 0 {read}")  # shared memory read: the block may exit
+    if not ctx.store_async:
+        em.line("nvvm.cp.async.bulk.wait_group 0 {read}")  # shared memory read: the block may exit
 
 
 def _pointer(em: GpuEmitter, address: str, space: str) -> str:

@@ -77,26 +77,42 @@ def threads(problem, config) -> int:
     return 128 * gm * gn
 
 
-def main_loop(ctx: Context) -> list[Fragment]:
+def ahead(config) -> int:
+    """k-tiles copied ahead of the one computed (one wgmma group stays in flight with 3+ stages)."""
+    return config.stages - 1 - (1 if config.stages >= 3 else 0)
+
+
+def prefetch(ctx: Context) -> None:
+    """The pipeline's prologue for the block tile of `ctx`: its first k-tiles, as `ahead` groups. A
+    persistent kernel issues it for the next tile before storing the current one (`matmul.py`)."""
+    tile_copiers = copiers(ctx)
+    for c in tile_copiers:
+        c.prepare(ctx.em, ctx.tid)
+    copy_ahead(ctx, tile_copiers, ahead(ctx.config), math.ceil(ctx.problem.k / ctx.config.block_k))
+
+
+def main_loop(ctx: Context, prefetched: bool = False) -> list[Fragment]:
+    """The block tile's accumulators; with `prefetched` its prologue copies were issued already."""
     em, cfg, p = ctx.em, ctx.config, ctx.problem
     groups_m, groups_n = warpgroups(p, cfg)
     tm, tn = cfg.block_m // groups_m, cfg.block_n // groups_n
     _check(ctx, tm, tn)
     reps = tm // WGMMA_M
     keep = 1 if cfg.stages >= 3 else 0
-    ahead = cfg.stages - 1 - keep  # tiles copied ahead of the one computed
+    copied_ahead = ahead(cfg)
     k_tiles = math.ceil(p.k / cfg.block_k)
     acc_type = "!llvm.struct<(" + ", ".join(["f32"] * (tn // 2)) + ")>"
 
-    copiers = _copiers(ctx)
-    for c in copiers:
+    tile_copiers = copiers(ctx)
+    for c in tile_copiers:
         c.prepare(em, ctx.tid)
     wg = em.op(f"arith.divui {ctx.tid}, {em.index(128)} : index")
     wg_m = em.op(f"arith.divui {wg}, {em.index(groups_n)} : index")
     wg_n = em.op(f"arith.remui {wg}, {em.index(groups_n)} : index")
-    desc_a, desc_b = _descriptor_bases(ctx, wg_m, wg_n, tm, tn)
+    desc_a, desc_b = descriptor_bases(ctx, wg_m, wg_n, tm, tn)
 
-    copy_ahead(ctx, copiers, ahead, k_tiles)
+    if not prefetched:
+        copy_ahead(ctx, tile_copiers, copied_ahead, k_tiles)
     zero = em.op(f"llvm.mlir.zero : {acc_type}")
     kt, accs = em.fresh("kt"), [em.fresh("acc") for _ in range(reps)]
     result = em.fresh("accs")
@@ -104,35 +120,44 @@ def main_loop(ctx: Context) -> list[Fragment]:
     types = ", ".join([acc_type] * reps)
     with em.region(f"{result}:{reps} = scf.for {kt} = {em.index(0)} to {em.index(k_tiles)} step {em.index(1)} "
                    f"iter_args({iter_args}) -> ({types}) {{"):
-        if ahead:
-            em.line(f"nvvm.cp.async.wait.group {ahead - 1}")
+        if copied_ahead:
+            em.line(f"nvvm.cp.async.wait.group {copied_ahead - 1}")
         em.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
         em.line("gpu.barrier")
-        if ahead:
-            copy_tile(ctx, copiers, em.op(f"arith.addi {kt}, {em.index(ahead)} : index"))
+        if copied_ahead:
+            copy_tile(ctx, tile_copiers, em.op(f"arith.addi {kt}, {em.index(copied_ahead)} : index"))
         else:  # two stages: copy this tile now, wait for it
-            copy_tile(ctx, copiers, kt)
+            copy_tile(ctx, tile_copiers, kt)
             em.line("nvvm.cp.async.wait.group 0")
             em.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
             em.line("gpu.barrier")
         stage = em.op(f"arith.index_cast {em.op(f'arith.remui {kt}, {em.index(cfg.stages)} : index')} : index to i64")
-        em.line("nvvm.wgmma.fence.aligned")
-        new = list(accs)
-        for j in range(cfg.block_k // cfg.mma_k):
-            db = _descriptor(ctx, desc_b, stage, ctx.b.bytes, _b_offset(ctx, j, tn))
-            for r in range(reps):
-                da = _descriptor(ctx, desc_a, stage, ctx.a.bytes, _a_offset(ctx, j, r))
-                new[r] = em.op(f"nvvm.wgmma.mma_async {da}, {db}, {new[r]}, #nvvm.shape<m = {WGMMA_M}, n = {tn}, "
-                               f"k = {cfg.mma_k}>, D [<f32>, #nvvm.wgmma_scale_out<one>, <wrapped>], "
-                               f"A [<{wgmma_type(ctx.a)}>, #nvvm.wgmma_scale_in<one>, <{'row' if ctx.a.k_major else 'col'}>], "
-                               f"B [<{wgmma_type(ctx.b)}>, #nvvm.wgmma_scale_in<one>, <{'col' if ctx.b.k_major else 'row'}>] "
-                               f": {acc_type} -> {acc_type}")
+        new = wgmma_k_tile(ctx, desc_a, desc_b, stage, accs, acc_type, tn, reps)
         em.line("nvvm.wgmma.commit.group.sync.aligned")
         em.line(f"nvvm.wgmma.wait.group.sync.aligned {keep}")
         em.line(f"scf.yield {', '.join(new)} : {types}")
     em.line("nvvm.wgmma.wait.group.sync.aligned 0")
     em.line("nvvm.cp.async.wait.group 0")  # copies past the last tile must land before the block exits
-    return _fragments(ctx, [f"{result}#{r}" for r in range(reps)], acc_type, wg_m, wg_n, tm, tn)
+    return fragments(ctx, [f"{result}#{r}" for r in range(reps)], acc_type, wg_m, wg_n, tm, tn)
+
+
+def wgmma_k_tile(ctx: Context, desc_a: str, desc_b: str, stage: str, accs: list[str], acc_type: str, tn: int,
+                 reps: int) -> list[str]:
+    """The warpgroup's wgmmas over one k-tile in ring stage `stage` (i64), after a wgmma.fence: the
+    new accumulators (not committed)."""
+    em, cfg = ctx.em, ctx.config
+    em.line("nvvm.wgmma.fence.aligned")
+    new = list(accs)
+    for j in range(cfg.block_k // cfg.mma_k):
+        db = _descriptor(ctx, desc_b, stage, ctx.b.bytes, _b_offset(ctx, j, tn))
+        for r in range(reps):
+            da = _descriptor(ctx, desc_a, stage, ctx.a.bytes, _a_offset(ctx, j, r))
+            new[r] = em.op(f"nvvm.wgmma.mma_async {da}, {db}, {new[r]}, #nvvm.shape<m = {WGMMA_M}, n = {tn}, "
+                           f"k = {cfg.mma_k}>, D [<f32>, #nvvm.wgmma_scale_out<one>, <wrapped>], "
+                           f"A [<{wgmma_type(ctx.a)}>, #nvvm.wgmma_scale_in<one>, <{'row' if ctx.a.k_major else 'col'}>], "
+                           f"B [<{wgmma_type(ctx.b)}>, #nvvm.wgmma_scale_in<one>, <{'col' if ctx.b.k_major else 'row'}>] "
+                           f": {acc_type} -> {acc_type}")
+    return new
 
 
 def _check(ctx: Context, tm: int, tn: int) -> None:
@@ -149,20 +174,20 @@ def _check(ctx: Context, tm: int, tn: int) -> None:
         raise LoweringError(f"wgmma contraction with {cfg}: " + "; ".join(problems))
 
 
-def _copiers(ctx: Context) -> list[TileCopier]:
+def copiers(ctx: Context) -> list[TileCopier]:
     em, p = ctx.em, ctx.problem
-    copiers = []
+    out = []
     a_stride, b_stride = batch_strides(p)
     for tile, ring, mn0, stride, size in ((ctx.a, ctx.a_ring, ctx.m0, a_stride, p.m * p.k),
                                           (ctx.b, ctx.b_ring, ctx.n0, b_stride, p.k * p.n)):
         src, src_type = ctx.memrefs[tile.name]
         batch_offset = em.op(f"arith.muli {ctx.batch}, {em.index(stride)} : index")
-        copiers.append(TileCopier(tile, ctx.threads, src, src_type, ring, tile.memref(ctx.config.stages),
-                                  batch_offset, mn0, p.batch * size))
-    return copiers
+        out.append(TileCopier(tile, ctx.threads, src, src_type, ring, tile.memref(ctx.config.stages),
+                          batch_offset, mn0, p.batch * size))
+    return out
 
 
-def _descriptor_bases(ctx: Context, wg_m: str, wg_n: str, tm: int, tn: int) -> tuple[str, str]:
+def descriptor_bases(ctx: Context, wg_m: str, wg_n: str, tm: int, tn: int) -> tuple[str, str]:
     """i64 descriptors of this warpgroup's first A and B piece in stage 0 (start address, LBO, SBO,
     swizzle); per-step descriptors add 16-byte units to the start address field."""
     em, a, b = ctx.em, ctx.a, ctx.b
@@ -226,7 +251,7 @@ def _descriptor(ctx: Context, base: str, stage: str, stage_bytes: int, offset: i
     return em.op(f"arith.addi {em.op(f'arith.addi {base}, {stage_units} : i64')}, {_i64(em, offset >> 4)} : i64")
 
 
-def _fragments(ctx: Context, accs: list[str], acc_type: str, wg_m: str, wg_n: str, tm: int, tn: int) -> list[Fragment]:
+def fragments(ctx: Context, accs: list[str], acc_type: str, wg_m: str, wg_n: str, tm: int, tn: int) -> list[Fragment]:
     em = ctx.em
     lane = em.op(f"arith.remui {ctx.tid}, {em.index(32)} : index")
     warp = em.op(f"arith.remui {em.op(f'arith.divui {ctx.tid}, {em.index(32)} : index')}, {em.index(4)} : index")

@@ -52,10 +52,7 @@ VARIANTS = {  # other schedules than the configurator's, to see where its choice
                  "block=128x128x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
                  "block=128x128x64 warps=8x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128",
                  "block=128x128x64 warps=4x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
-                 "block=128x256x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
-                 # warp-specialized: the config is one consumer's tile (matmul_pingpong.py)
-                 "block=128x128x64 warps=4x1 stages=6 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong",
-                 "block=128x128x64 warps=4x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong"],
+                 "block=128x256x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128"],
 }
 TOLERANCE = {"float32": 2e-3, "bfloat16": 1e-3}  # vs XLA: both TF32 / both f32-accumulated bf16
 
@@ -97,18 +94,12 @@ def relative_error(x, y) -> float:
     return float(jnp.linalg.norm((x - y).astype(jnp.float32)) / jnp.linalg.norm(y.astype(jnp.float32)))
 
 
-def variant(text: str) -> tuple[TileConfig, bool]:
-    """(config, ping-pong kernel?) of a VARIANTS entry."""
-    return TileConfig.parse(text.removesuffix(" pingpong")), text.endswith(" pingpong")
-
-
 def build_all(jobs, target):
-    """GpuKernel (or the exception) per job (problem, config, persistent, pingpong), compiled in parallel
-    processes."""
+    """GpuKernel (or the exception) per job (problem, config, persistent), compiled in parallel processes."""
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(min(16, os.cpu_count() or 1), mp_context=context) as pool:
-        futures = [pool.submit(build_matmul, problem, config, target, None, None, persistent, pingpong)
-                   for problem, config, persistent, pingpong in jobs]
+        futures = [pool.submit(build_matmul, problem, config, target, None, None, persistent)
+                   for problem, config, persistent in jobs]
         return [f.exception() or f.result() for f in futures]
 
 
@@ -161,7 +152,7 @@ def mainloop_only(target, shapes, dtypes, notes: list, variants: bool = False) -
         for m, n, k in shapes:
             problem = ContractionProblem(m, n, k, operand_dtype=dtype)
             configs = [choose_tiles(problem, target)]
-            configs += [variant(v)[0] for v in VARIANTS[dtype] if not variant(v)[1]] if variants else []
+            configs += [TileConfig.parse(v) for v in VARIANTS[dtype]] if variants else []
             for config in configs:
                 matmul_module.store_fragments = no_store
                 try:
@@ -267,22 +258,22 @@ def main(argv=None) -> int:
     for dtype in args.dtypes.split(","):
         for m, n, k in shapes:
             problem = ContractionProblem(m, n, k, operand_dtype=dtype)
-            configs = [(choose_tiles(problem, target), True, False)]
+            configs = [(choose_tiles(problem, target), True)]
             if args.variants and (m, n, k) in GPT2:
-                configs += [(config, False, pingpong) for config, pingpong in map(variant, VARIANTS[dtype])]
-            for config, chosen, pingpong in configs:
-                jobs.append((problem, config, chosen, None, pingpong))
-                if args.variants and not pingpong and persistent_blocks(problem, config, target):
-                    jobs.append((problem, config, False, False, False))  # the same, a block per tile
+                configs += [(TileConfig.parse(v), False) for v in VARIANTS[dtype]]
+            for config, chosen in configs:
+                jobs.append((problem, config, chosen, None))
+                if args.variants and persistent_blocks(problem, config, target):  # the same, a block per tile
+                    jobs.append((problem, config, False, False))
     start = time.time()
-    kernels = build_all([(p, c, persistent, pingpong) for p, c, _, persistent, pingpong in jobs], target)
+    kernels = build_all([(p, c, persistent) for p, c, _, persistent in jobs], target)
     print(f"compiled {len(kernels)} kernels in {time.time() - start:.1f} s")
 
     records, rows = [], []
     base = {"bench": "matmul", "device": device, "date": datetime.date.today().isoformat(),
             "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown")}
     xla_done = {}
-    for (problem, config, chosen, _, _), kernel in zip(jobs, kernels):
+    for (problem, config, chosen, _), kernel in zip(jobs, kernels):
         case, dtype = f"{problem.m}x{problem.n}x{problem.k}", problem.operand_dtype
         key = jax.random.PRNGKey(problem.m + problem.n + problem.k)
         ka, kb = jax.random.split(key)
@@ -305,7 +296,6 @@ def main(argv=None) -> int:
             continue
         t = timed(call, (a, b))
         schedule = kernel.schedule.split(" b=", 1)[1].split(" ", 1)[1]  # the config and the store form
-        schedule += " pingpong" if "[pingpong]" in kernel.schedule else ""
         records.append({**base, "case": case, "dtype": dtype, "impl": impl, "metric": "tflops",
                         "value": round(problem.flops / t / 1e12, 2), "config": schedule})
         rows.append((case, dtype, impl, t, t_xla, err, schedule))

@@ -77,13 +77,6 @@ def _cases():
         cases.append(("bfloat16", (2, 2000, 1040, 200), "col", "col", None, config, False, True))
     cases.append(("bfloat16", (1, 2048, 1024, 136), "row", "col", None,
                   "block=128x128x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128", False, True))
-    # the warp-specialized ping-pong kernel: a producer warpgroup, two consumers taking tiles in turn
-    pingpong = "block=128x128x64 warps=4x1 stages={} mma=wgmma_bf16_m64nNk16 swizzle=128"
-    cases.append(("bfloat16", (3, 1000, 1000, 72), "row", "row", BOTH, pingpong.format(6), False, None, True))
-    cases.append(("bfloat16", (2, 2000, 1040, 200), "col", "col", None, pingpong.format(4), False, None, True))
-    cases.append(("bfloat16", (1, 2048, 1024, 136), "row", "col", None, pingpong.format(5), False, None, True))
-    cases.append(("bfloat16", (1, 4096, 768, 3072), "row", "row", BOTH, pingpong.format(6), False, None, True))
-    cases.append(("bfloat16", (1, 16384, 3072, 768), "row", "row", None, pingpong.format(6), False, None, True))
     return cases
 
 
@@ -95,13 +88,8 @@ def _case_id(case):
     extra = "" if epilogue is None else f"-bias_{epilogue.bias}-res_{epilogue.residual}"
     split = "-split_k" if _split(case) else ""
     persistent = "-persistent" if _persistent(case) else ""
-    pingpong = "-pingpong" if _pingpong(case) else ""
     return (f"{dtype}-{batch}x{m}x{n}x{k}-{a_layout[0]}{b_layout[0]}{extra}{'-override' if config else ''}"
-            f"{split}{persistent}{pingpong}")
-
-
-def _pingpong(case) -> bool:
-    return len(case) > 8 and case[8]
+            f"{split}{persistent}")
 
 
 def _persistent(case) -> bool | None:
@@ -129,7 +117,7 @@ def kernels():
     workers = min(len(CASES), os.cpu_count() or 1, 16)
     context = multiprocessing.get_context("spawn")  # never fork a process that holds a CUDA context
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = [pool.submit(build_matmul, _problem(c), _config(c), TARGET, c[4], None, _persistent(c), _pingpong(c))
+        futures = [pool.submit(build_matmul, _problem(c), _config(c), TARGET, c[4], None, _persistent(c))
                    for c in CASES]
         return [f.exception() or f.result() for f in futures]
 
@@ -198,7 +186,6 @@ def test_matmul_matches_float64(kernels, index):
         raise kernel
     problem, epilogue = _problem(case), case[4]
     assert ("persistent" in kernel.schedule) == bool(_persistent(case)) or _persistent(case) is None, kernel.schedule
-    assert ("pingpong" in kernel.schedule) == _pingpong(case), kernel.schedule
     rng = np.random.default_rng(1000 + index)
     xs = operands(problem, epilogue, rng)
     out = run_kernel(kernel, problem, xs)

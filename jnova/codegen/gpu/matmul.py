@@ -33,7 +33,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from jnova.codegen.gpu import matmul_mma, matmul_pingpong, matmul_wgmma
+from jnova.codegen.gpu import matmul_mma, matmul_wgmma
 from jnova.codegen.gpu.launch import GpuLaunch
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, ptx_features
 from jnova.codegen.gpu.matmul_epilogue import (BYTES, ELEMENT, Context, MatmulEpilogue, staging_bytes,
@@ -71,11 +71,10 @@ class GpuKernel:
 
 def build_matmul(problem: ContractionProblem, config: TileConfig, target: Target,
                  epilogue: MatmulEpilogue | None = None, name: str | None = None,
-                 persistent: bool | None = None, pingpong: bool = False) -> GpuKernel:
+                 persistent: bool | None = None) -> GpuKernel:
     """The kernel computing `problem` with `config` on `target` (LoweringError if it cannot);
-    `persistent` forces the persistent form on or off (None: where `persistent_blocks` allows it);
-    `pingpong`: the warp-specialized kernel (`matmul_pingpong.py`), config giving a consumer's tile."""
-    module = matmul_module(problem, config, target, epilogue, name, persistent, pingpong)
+    `persistent` forces the persistent form on or off (None: where `persistent_blocks` allows it)."""
+    module = matmul_module(problem, config, target, epilogue, name, persistent)
     major, minor = target.compute_capability
     return GpuKernel(module.name, to_ptx(module.text), module.grid, module.block, module.shared_mem_bytes,
                      kernel_params(epilogue), 10 * major + minor, module.schedule, module.text)
@@ -144,7 +143,7 @@ def persistent_blocks(problem: ContractionProblem, config: TileConfig, target: T
 
 def matmul_module(problem: ContractionProblem, config: TileConfig, target: Target,
                   epilogue: MatmulEpilogue | None = None, name: str | None = None,
-                  persistent: bool | None = None, pingpong: bool = False) -> GpuModule:
+                  persistent: bool | None = None) -> GpuModule:
     """The gpu.module text of the kernel (no compilation)."""
     reason = matmul_refusal(problem, config, target)
     if reason:
@@ -162,9 +161,6 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
     if smem_bytes > target.smem_per_block_optin:
         raise LoweringError(f"{config}: {smem_bytes} B of shared memory exceed {target.name}'s "
                             f"{target.smem_per_block_optin} B per block")
-
-    if pingpong:
-        return _pingpong_module(problem, config, target, epilogue, name, a, b, tiles_m, tiles_n, smem_bytes)
 
     # sm_90a: interior tiles leave through shared memory and bulk copies (16-byte aligned rows of C);
     # persistent (see `persistent_blocks`) with the staging buffer beside the ring, else over it
@@ -216,35 +212,6 @@ def _module_text(name: str, memrefs: dict, lines: list[str], threads: int, targe
         "}",
         "}",
     ]) + "\n"
-
-
-def _pingpong_module(problem, config, target, epilogue, name, a, b, tiles_m, tiles_n, ring_bytes) -> GpuModule:
-    """The warp-specialized kernel (`matmul_pingpong.py`): `config` is one consumer's tile."""
-    problems = []
-    if not config.is_wgmma or "tf32" in config.mma:
-        problems.append("it needs 16-bit wgmma operands")
-    if (config.warps_m, config.warps_n) != (4, 1):
-        problems.append("a consumer is one warpgroup (warps=4x1)")
-    if a.vector == 1 or b.vector == 1:
-        problems.append("its producer copies by cp.async only (rows of A and B 4-byte aligned)")
-    if problems:
-        raise LoweringError(f"no ping-pong kernel for {problem} with {config}: " + "; ".join(problems))
-    threads = matmul_pingpong.THREADS
-    smem_bytes = matmul_pingpong.smem_bytes(ring_bytes, config.stages)
-    if smem_bytes > target.smem_per_block_optin:
-        raise LoweringError(f"{config}: {smem_bytes} B of shared memory exceed {target.name}'s "
-                            f"{target.smem_per_block_optin} B per block")
-    em = GpuEmitter()
-    memrefs = _parameters(problem, epilogue)
-    ctx = _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs)
-    total = problem.batch * tiles_m * tiles_n
-    grid = (min(total, target.sm_count), 1, 1)
-    matmul_pingpong.emit(ctx, epilogue, tiles_m, tiles_n, total, grid[0], ring_bytes,
-                         lambda c, t: _tile_context(c, t, tiles_m, tiles_n))
-    text = _module_text(name, memrefs, em.lines, threads, target, f"nvvm.maxnreg = {matmul_pingpong.LAUNCH_REGS} : i32")
-    schedule = f"matmul[pingpong] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
-               f"{problem.operand_dtype} a={problem.a_layout} b={problem.b_layout} {config}"
-    return GpuModule(name, text, grid, (threads, 1, 1), smem_bytes, schedule)
 
 
 def default_name(problem: ContractionProblem, config: TileConfig, epilogue: MatmulEpilogue) -> str:

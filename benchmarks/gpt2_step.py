@@ -44,10 +44,12 @@ def setup(batch: int, seq: int, layers: int):
     return config, gpt2.make_train_step(module, optimizer), (params, state, tokens[:, :-1], tokens[:, 1:])
 
 
-def parser(steps: int) -> argparse.ArgumentParser:
-    """The options every GPT-2 step script takes (gpt2_step.py, profile_step.py)."""
+def parser(steps: int, impl: bool = True) -> argparse.ArgumentParser:
+    """The options every GPT-2 step script takes (gpt2_step.py, profile_step.py; dispatch.py runs
+    both implementations and takes no --impl)."""
     p = argparse.ArgumentParser()
-    p.add_argument("--impl", choices=["jnova", "xla"], required=True)
+    if impl:
+        p.add_argument("--impl", choices=["jnova", "xla"], required=True)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=1024)
@@ -56,13 +58,15 @@ def parser(steps: int) -> argparse.ArgumentParser:
     return p
 
 
-def compile_step(impl: str, dtype: str, step, batch):
+def compile_step(impl: str, dtype: str, step, batch, xla_options: dict | None = None):
     """(the runnable step, jnova's CompiledStep or None): jnova with bf16 contraction operands for
-    dtype="bfloat16", or jax.jit under the matching default matmul precision (TF32 for f32)."""
+    dtype="bfloat16" (and `xla_options` for XLA's compile around its kernels), or jax.jit under the
+    matching default matmul precision (TF32 for f32)."""
     if impl == "jnova":
         import jnova
 
-        compiled = jnova.compile(step, mixed_precision="bf16" if dtype == "bfloat16" else None)
+        compiled = jnova.compile(step, mixed_precision="bf16" if dtype == "bfloat16" else None,
+                                 xla_options=xla_options)
         compiled.lower(*batch)
         return compiled, compiled
     if dtype == "bfloat16":  # XLA with the same arithmetic: bf16 operands, f32 accumulation

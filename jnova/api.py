@@ -16,7 +16,8 @@ log = logging.getLogger("jnova")
 
 def compile(fn: Callable, *, mixed_precision: str | None = None, backend: str | None = None,
             fallback: str = "xla", bucket_bytes: int = 25 * 2**20, target: str | None = None,
-            donate_argnums: int | Sequence[int] = (), kernels: str = "auto") -> "CompiledStep":
+            donate_argnums: int | Sequence[int] = (), kernels: str = "auto",
+            xla_options: dict | None = None) -> "CompiledStep":
     """Compile a JAX training step with jnova; returns a callable with `fn`'s signature.
 
     Args:
@@ -31,6 +32,8 @@ def compile(fn: Callable, *, mixed_precision: str | None = None, backend: str | 
       donate_argnums: positional arguments whose buffers the step may reuse (as in `jax.jit`).
       kernels: "auto"; "fused" compiles one kernel per fusion group (the GPU's plan; on the CPU this
         tests the fusion plan), "segments" one kernel per run of ops between fallbacks (the CPU's).
+      xla_options: XLA compile options for the step around jnova's kernels (`jax.jit`'s
+        compiler_options), e.g. {"xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL"}.
     """
     if not callable(fn):
         raise TypeError(f"jnova.compile expects a callable, got {type(fn).__name__}")
@@ -38,7 +41,8 @@ def compile(fn: Callable, *, mixed_precision: str | None = None, backend: str | 
         warnings.warn("jnova: gradient bucketing for data-parallel steps is not implemented yet; "
                       "bucket_bytes has no effect", stacklevel=2)
     options = Options(mixed_precision=mixed_precision, backend=backend, fallback=fallback,
-                      bucket_bytes=bucket_bytes, target=target, kernels=kernels)
+                      bucket_bytes=bucket_bytes, target=target, kernels=kernels,
+                      xla_options=Options.xla_pairs(xla_options))
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     return CompiledStep(fn, options, donate)
 
@@ -114,11 +118,12 @@ class Lowered:
 
 def _signature(x) -> tuple:
     """(shape, dtype, weak type) of an argument as jax.jit sees it. Runs on every call, once per
-    leaf: an array (or tracer) gives its aval as is, without the conversions `abstract` makes for
-    NumPy arrays and Python scalars (a GPT-2 step has ~450 leaves: 0.3 ms per call, where converting each
-    to a ShapeDtypeStruct and printing its dtype took 4 ms)."""
-    aval = getattr(x, "aval", None)
-    if aval is None or not hasattr(aval, "weak_type"):
+    leaf: an array (or tracer) gives its shape, dtype and weak type as is, without the conversions
+    `abstract` makes for NumPy arrays and Python scalars (a GPT-2 step has ~450 leaves: 0.14 ms per
+    call; reading each leaf's aval took 0.37 ms, converting each to a ShapeDtypeStruct 4 ms)."""
+    try:  # a jax.Array, or a tracer (its attributes are its aval's): 0.3 us a leaf, 0.8 through .aval
+        return x.shape, x.dtype, x.weak_type
+    except AttributeError:
         from jnova.capture.trace import abstract
 
         aval = abstract(x)

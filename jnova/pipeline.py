@@ -123,7 +123,7 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     entry = disk.load(disk_key) if disk else None
     if entry is not None:               # compiled by an earlier process: skip the nova pipeline
         try:
-            return _restore(entry, captured, disk_key, donate, stage, times)
+            return _restore(entry, captured, disk_key, donate, stage, times, options)
         except Exception as e:  # an entry this jnova cannot use (format, or a bug): recompile
             warnings.warn(f"jnova: cannot use the cached entry {disk_key[:12]} ({type(e).__name__}: {e}); "
                           "recompiling", stacklevel=2)
@@ -176,7 +176,8 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
         disk.store(disk_key, {"meta.json": json.dumps(meta), "nova.mlir": nova_text, **compiled.files})
     with stage("jit"):                  # the step: kernel binds + fallback ops, planned by XLA
         run = jax.jit(step_function(plan_json, program.sites, compiled.handles, program.const_args,
-                                    captured.in_avals, captured.out_avals), donate_argnums=donate)
+                                    captured.in_avals, captured.out_avals), donate_argnums=donate,
+                      compiler_options=dict(options.xla_options) or None)
     _dump(func.name, key, captured, texts, meta, times)
     log.info("jnova compiled %s for %s: %d ops, %d kernels, %d fallbacks%s in %.2f s", func.name, target_name,
              len(func.ops), len(plan.kernels), sum(not isinstance(s, Kernel) for s in plan.steps),
@@ -195,7 +196,7 @@ def capture_key(captured: Captured, options: Options, target_name: str) -> str:
                            target=target_name)
 
 
-def _restore(entry: dict, captured: Captured, key: str, donate, stage, times) -> Executable:
+def _restore(entry: dict, captured: Captured, key: str, donate, stage, times, options: Options) -> Executable:
     """An Executable from a persistent-cache entry: rebuild kernel handles, rebind fallbacks."""
     meta = json.loads(entry["meta.json"])
     plan_json = meta["plan"]
@@ -204,7 +205,8 @@ def _restore(entry: dict, captured: Captured, key: str, donate, stage, times) ->
     sites = [find_site(captured.jaxpr, tuple(p)) for p in meta["site_paths"]]
     with stage("jit"):
         run = jax.jit(step_function(plan_json, sites, compiled.handles, large_constants(captured),
-                                    captured.in_avals, captured.out_avals), donate_argnums=donate)
+                                    captured.in_avals, captured.out_avals), donate_argnums=donate,
+                      compiler_options=dict(options.xla_options) or None)
     texts = {"nova": entry["nova.mlir"], **compiled.texts}
     log.info("jnova restored a compiled step from the persistent cache in %.2f s", sum(times.values()))
     return Executable(run, captured, meta, key, texts, times, "disk")

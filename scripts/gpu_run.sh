@@ -14,6 +14,8 @@
 #   bench:        kernels.jsonl (benchmarks/kernels.py), gpt2_step.jsonl (benchmarks/gpt2_step.py, one process
 #                 per configuration, plus a second jnova process on the same caches: the warm compile, and
 #                 both at 1 x 64 tokens, label dispatch-probe: host dispatch where the GPU is not the limit)
+#   dispatch:     dispatch.jsonl (benchmarks/dispatch.py: host dispatch of the GPT-2 step, jnova and XLA
+#                 interleaved in one process; f32 and bf16 at 8 x 1024 tokens, f32 at 1 x 64)
 #   profile:      profile-{jnova,xla}-float32.json (benchmarks/profile_step.py: GPU time per kernel family)
 #   gpu-summary.json (benchmarks/summarize.py) after each part.
 set -uo pipefail
@@ -70,6 +72,15 @@ if [[ " $parts " == *" bench "* ]]; then
       > /dev/null 2>&1 || echo "gpt2_step dispatch probe $impl failed"
   done
   rm -f "$OUT"/bench-*.err
+fi
+
+if [[ " $parts " == *" dispatch "* ]]; then
+  for dtype in ${STEP_DTYPES:-float32 bfloat16}; do
+    timeout 240 python3 benchmarks/dispatch.py --dtype $dtype --rounds ${DISPATCH_ROUNDS:-40} 2>/dev/null \
+      | grep ratio || echo "dispatch $dtype failed"
+  done
+  timeout 200 python3 benchmarks/dispatch.py --dtype float32 --batch 1 --seq 64 --rounds 100 --label probe 2>/dev/null \
+    | grep ratio || echo "dispatch probe failed"
 fi
 
 python3 benchmarks/summarize.py "$OUT" "$rc"

@@ -39,10 +39,25 @@ def _copy(tree):
     ({"bucket_bytes": -1}, "bucket_bytes must be a positive int"),
     ({"bucket_bytes": 1.5}, "bucket_bytes must be a positive int"),
     ({"kernels": "all"}, "kernels must be one of"),
+    ({"xla_options": {"command_buffer": ""}}, "xla_options must map XLA option names"),
 ])
 def test_invalid_options_fail_at_compile(options, match):
     with pytest.raises(ValueError, match=match):
         jnova.compile(mlp.sgd_step, **options)
+
+
+def test_xla_options_reach_xlas_compile_of_the_step(mlp_args):
+    """xla_options go to jax.jit's compiler_options: a valid one compiles and gives jit's numbers, an
+    unknown one is XLA's error; options are part of the signature's executable (and cache key)."""
+    step = jnova.compile(mlp.sgd_step, xla_options={"xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL",
+                                                    "xla_gpu_graph_min_graph_size": 1})
+    assert_trees_close(step(*mlp_args), jax.jit(mlp.sgd_step)(*mlp_args))
+    assert step.options.xla_options == (("xla_gpu_enable_command_buffer", "FUSION,CUSTOM_CALL"),
+                                        ("xla_gpu_graph_min_graph_size", "1"))
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        jnova.compile(mlp.sgd_step, xla_options={"xla_no_such_option": True})(*mlp_args)
+    with pytest.raises(TypeError, match="xla_options must be a dict"):
+        jnova.compile(mlp.sgd_step, xla_options=[("xla_gpu_graph_min_graph_size", 1)])
 
 
 def test_compile_needs_a_callable():

@@ -1,0 +1,88 @@
+"""Host dispatch of the GPT-2 training step: jnova against jax.jit, interleaved in one process.
+
+    JAX_PLATFORMS=cuda python benchmarks/dispatch.py --dtype float32 [--batch 8 --seq 1024 --rounds 60]
+
+Dispatch is the time a step call takes to return, with the previous step finished (so the launch
+queue starts empty). Both steps are compiled in the same process and called in alternation, A B B A
+..., so that what drifts during a run (clocks, other tenants of the host, the allocator) falls on
+both alike; separate processes differ by up to 1.5x from one to the next (benchmarks/results). The
+record gives each side's median and the median of the per-round ratios, with its quartiles.
+
+`--dtype bfloat16` is jnova's mixed_precision="bf16" against XLA with bf16 contraction operands, as in
+gpt2_step.py. `--jnova-xla-option` passes XLA options to jnova's step only (e.g. command buffers:
+CUDA graphs around its kernel calls). Appends records to $OUT/dispatch.jsonl when OUT is set.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import time
+
+import jax
+
+from gpt2_step import compile_step, parser, setup
+
+
+def dispatch_seconds(run, args) -> float:
+    """Seconds for `run(*args)` to return, with the GPU idle before the call."""
+    t0 = time.perf_counter()
+    out = run(*args)
+    t1 = time.perf_counter()
+    jax.block_until_ready(out)
+    return t1 - t0
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4)
+    return q[0], statistics.median(xs), q[2]
+
+
+def main():
+    p = parser(steps=0, impl=False)
+    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--label", default="")
+    p.add_argument("--jnova-xla-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an XLA option for jnova's step (jnova.compile's xla_options), e.g. "
+                        "xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL")
+    args = p.parse_args()
+
+    xla_options = dict(o.split("=", 1) for o in args.jnova_xla_option) or None
+    config, step, batch = setup(args.batch, args.seq, args.layers)
+    runs = {impl: compile_step(impl, args.dtype, step, batch, xla_options if impl == "jnova" else None)[0]
+            for impl in ("jnova", "xla")}
+    for run in runs.values():  # first calls: jaxlib loads kernels, XLA warms its allocator
+        for _ in range(3):
+            jax.block_until_ready(run(*batch))
+    times = {"jnova": [], "xla": []}
+    ratios = []
+    for r in range(args.rounds):
+        order = ("jnova", "xla") if r % 2 == 0 else ("xla", "jnova")
+        this = {impl: dispatch_seconds(runs[impl], batch) for impl in order}
+        for impl, t in this.items():
+            times[impl].append(t)
+        ratios.append(this["jnova"] / this["xla"])
+
+    base = {"bench": "dispatch", "case": f"B{args.batch}xT{args.seq}xL{args.layers}", "dtype": args.dtype,
+            "device": jax.devices()[0].device_kind, "date": datetime.date.today().isoformat(),
+            "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown"), "rounds": args.rounds}
+    if args.label:
+        base["label"] = args.label
+    if xla_options:
+        base["jnova_xla_options"] = xla_options
+    records = [{**base, "impl": impl, "metric": "dispatch_ms",
+                "value": round(statistics.median(ts) * 1e3, 3),
+                "quartiles_ms": [round(q * 1e3, 3) for q in quartiles(ts)]} for impl, ts in times.items()]
+    records.append({**base, "impl": "jnova/xla", "metric": "dispatch_ratio",
+                    "value": round(statistics.median(ratios), 3),
+                    "quartiles": [round(q, 3) for q in quartiles(ratios)]})
+    lines = [json.dumps(r) for r in records]
+    print("\n".join(lines))
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "dispatch.jsonl"), "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -123,8 +123,9 @@ def persistent_blocks(problem: ContractionProblem, config: TileConfig, target: T
     (whose first k-tiles were copied before the store). Taken on sm_90a for 16-bit operands when the
     staging buffer fits without lowering the blocks per SM, with at least `min_waves` tiles per
     resident block. On the H200 (GPT-2 shapes, benchmarks/matmul.py --variants) this gained 4-17% on
-    bf16 128x128 tiles of 4 stages; it lost 14-26% where it halved the blocks per SM (128x64 or 3
-    stages), and -13..+5% on TF32 tiles, whose MN-major operands make the copies the bottleneck."""
+    bf16 128x128 tiles of 4 stages; where it halved the blocks per SM (128x128 of 3 stages, 128x64) it
+    changed them by -38% to +12%, and TF32 128x128 tiles by -13% to +18% (their MN-major operands'
+    4-byte copies are the limit; the configurator's TF32 tiles, 256x128, leave no room for the buffer)."""
     if not config.is_wgmma or "tf32" in config.mma or problem.n % 4:
         return 0
     a, b = operand_tiles(problem, config, *matmul_wgmma.SWIZZLES(problem, config), matmul_wgmma.k_major_only(config))

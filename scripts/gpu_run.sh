@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and the GPU benchmarks, on the GPU machine, from the repo root:
-#   OUT=<results dir> bash scripts/gpu_run.sh [tests] [differential] [matmul] [bench] [profile]
-# (no argument: tests differential matmul bench). TESTS=<pytest paths> narrows the tests part,
+#   OUT=<results dir> bash scripts/gpu_run.sh [tests] [differential] [matmul] [bench] [dispatch] [profile]
+# (no argument: tests differential matmul bench dispatch). TESTS=<pytest paths> narrows the tests part,
 # MATMUL_ARGS are passed to benchmarks/matmul.py, STEP_DTYPES (default "float32 bfloat16") to the steps.
 # A device call runs at most 10 minutes, so the parts can go in separate calls (same $OUT layout). Set
 # JNOVA_SHA=<commit> for the records: a copied tree's git metadata may name an older commit.
@@ -20,7 +20,7 @@
 #   gpu-summary.json (benchmarks/summarize.py) after each part.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
-parts=${*:-tests differential matmul bench}
+parts=${*:-tests differential matmul bench dispatch}
 s=$(mktemp -d) && tar -xJf .gpu-pack/mlir-py312.tar.xz -C "$s" && export PYTHONPATH=$s:$PWD || exit 1
 export JAX_PLATFORMS=cuda PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin OUT XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JNOVA_SHA=${JNOVA_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}

@@ -15,14 +15,13 @@ CUDA graphs around its kernel calls). Appends records to $OUT/dispatch.jsonl whe
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import statistics
 import time
 
 import jax
 
-from gpt2_step import compile_step, parser, setup
+from gpt2_step import compile_step, emit, parser, setup
 
 
 def dispatch_seconds(run, args) -> float:
@@ -77,11 +76,7 @@ def main():
     records.append({**base, "impl": "jnova/xla", "metric": "dispatch_ratio",
                     "value": round(statistics.median(ratios), 3),
                     "quartiles": [round(q, 3) for q in quartiles(ratios)]})
-    lines = [json.dumps(r) for r in records]
-    print("\n".join(lines))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "dispatch.jsonl"), "a") as f:
-            f.write("\n".join(lines) + "\n")
+    emit("dispatch.jsonl", records)
 
 
 if __name__ == "__main__":

@@ -175,10 +175,15 @@ def main():
         records.append({**base, "metric": "kernels", "value": stats["kernels"]})
         records.append({**base, "metric": "xla_groups", "value": stats["xla_groups"]})
         records.append({**base, "metric": "cache_hit", "value": str(stats["cache_hit"])})
+    emit("gpt2_step.jsonl", records)
+
+
+def emit(filename: str, records: list[dict]) -> None:
+    """Print the records, one JSON line each, and append them to $OUT/<filename> when OUT is set."""
     lines = [json.dumps(r) for r in records]
     print("\n".join(lines))
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "gpt2_step.jsonl"), "a") as f:
+        with open(os.path.join(os.environ["OUT"], filename), "a") as f:
             f.write("\n".join(lines) + "\n")
 
 

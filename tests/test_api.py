@@ -4,6 +4,7 @@ Numbers are checked against `jax.jit` of the same function on fresh random input
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import NamedTuple
 
@@ -17,7 +18,7 @@ from jax.interpreters import mlir
 import jnova
 from jnova.capture.to_nova import RULES
 from jnova.runtime.cache import ARTIFACTS
-from models import assert_trees_close, fresh_seed, mlp
+from models import F32_ROUNDOFF, assert_trees_close, fresh_seed, mlp
 
 
 @pytest.fixture
@@ -210,7 +211,11 @@ def test_pytrees_in_and_out(mlp_args):
     args = (TrainState(params, jnp.int32(0)), Batch(x, y), {"lr": jnp.float32(0.05), "unused": (None,)})
     got, want = jnova.compile(_structured_step)(*args), jax.jit(_structured_step)(*args)
     assert isinstance(got[0], TrainState) and got[0].name == "mlp" and isinstance(got[1]["moments"][1], list)
-    assert_trees_close(got, want)
+    assert_trees_close(got[0], want[0])
+    # x.mean() and y.var() cancel: their roundoff scales with the summed terms, not with the result
+    # (a mean of 0.00125 over terms of size ~1 differed by 2.6e-8 for seed 926279418)
+    terms = max(float(jnp.max(jnp.abs(x))), float(jnp.max(y * y)))
+    assert_trees_close(got[1], want[1], atol=2 * math.sqrt(max(x.size, y.size)) * F32_ROUNDOFF * terms)
 
 
 def test_keyword_arguments(mlp_args):

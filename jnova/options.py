@@ -1,4 +1,4 @@
-"""Compile options of `jnova.compile`: checked once, frozen, part of the cache key."""
+"""Compile options of `jnova.compile`: checked once, frozen, part of the cache key (`hash_items`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -44,4 +44,6 @@ class Options:
         return tuple(sorted((k, spell(v)) for k, v in xla_options.items()))
 
     def hash_items(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """What the kernels depend on: every option but xla_options, which only reaches XLA's compile
+        of the step around them (jax.jit's compiler_options; JAX's own cache keys include them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "xla_options"}

@@ -49,12 +49,15 @@ def test_invalid_options_fail_at_compile(options, match):
 
 def test_xla_options_reach_xlas_compile_of_the_step(mlp_args):
     """xla_options go to jax.jit's compiler_options: a valid one compiles and gives jit's numbers, an
-    unknown one is XLA's error; options are part of the signature's executable (and cache key)."""
+    unknown one is XLA's error; the kernels are shared with a step compiled without them."""
     step = jnova.compile(mlp.sgd_step, xla_options={"xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL",
                                                     "xla_gpu_graph_min_graph_size": 1})
     assert_trees_close(step(*mlp_args), jax.jit(mlp.sgd_step)(*mlp_args))
     assert step.options.xla_options == (("xla_gpu_enable_command_buffer", "FUSION,CUSTOM_CALL"),
                                         ("xla_gpu_graph_min_graph_size", "1"))
+    plain = jnova.compile(mlp.sgd_step)
+    assert_trees_close(plain(*mlp_args), jax.jit(mlp.sgd_step)(*mlp_args))
+    assert plain.stats()[0]["cache_hit"]  # the kernels do not depend on XLA's options: compiled once
     with pytest.raises(Exception, match="xla_no_such_option"):
         jnova.compile(mlp.sgd_step, xla_options={"xla_no_such_option": True})(*mlp_args)
     with pytest.raises(TypeError, match="xla_options must be a dict"):

@@ -8,13 +8,19 @@ queue starts empty). Both steps are compiled in the same process and called in a
 both alike; separate processes differ by up to 1.5x from one to the next (benchmarks/results). The
 record gives each side's median and the median of the per-round ratios, with its quartiles.
 
+jnova's step is measured twice: launching its kernels through jnova's launcher (the default) and
+through jaxlib's PTX kernel call (JNOVA_LAUNCHER=jaxlib while it is compiled), as "jnova" and
+"jnova-jaxlib"; `--no-jaxlib-launcher` leaves the second out.
+
 `--dtype bfloat16` is jnova's mixed_precision="bf16" against XLA with bf16 contraction operands, as in
 gpt2_step.py. `--jnova-xla-option` passes XLA options to jnova's step only (e.g. command buffers:
 CUDA graphs around its kernel calls). Appends records to $OUT/dispatch.jsonl when OUT is set.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import itertools
 import os
 import statistics
 import time
@@ -38,10 +44,25 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
+@contextlib.contextmanager
+def launcher_env(value: str | None):
+    """JNOVA_LAUNCHER set to `value` (unset for None) while a step is compiled and first called."""
+    old = os.environ.pop("JNOVA_LAUNCHER", None)
+    if value is not None:
+        os.environ["JNOVA_LAUNCHER"] = value
+    try:
+        yield
+    finally:
+        os.environ.pop("JNOVA_LAUNCHER", None)
+        if old is not None:
+            os.environ["JNOVA_LAUNCHER"] = old
+
+
 def main():
     p = parser(steps=0, impl=False)
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--label", default="")
+    p.add_argument("--no-jaxlib-launcher", action="store_true", help="leave out jnova's step on jaxlib's kernel call")
     p.add_argument("--jnova-xla-option", action="append", default=[], metavar="NAME=VALUE",
                    help="an XLA option for jnova's step (jnova.compile's xla_options), e.g. "
                         "xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL")
@@ -49,19 +70,29 @@ def main():
 
     xla_options = dict(o.split("=", 1) for o in args.jnova_xla_option) or None
     config, step, batch = setup(args.batch, args.seq, args.layers)
-    runs = {impl: compile_step(impl, args.dtype, step, batch, xla_options if impl == "jnova" else None)[0]
-            for impl in ("jnova", "xla")}
-    for run in runs.values():  # first calls: jaxlib loads kernels, XLA warms its allocator
-        for _ in range(3):
-            jax.block_until_ready(run(*batch))
-    times = {"jnova": [], "xla": []}
-    ratios = []
+    sides = {"jnova": None, "xla": None} if args.no_jaxlib_launcher else \
+        {"jnova": None, "jnova-jaxlib": "jaxlib", "xla": None}
+    runs, launchers = {}, {}
+    for side, launcher in sides.items():
+        impl = "xla" if side == "xla" else "jnova"
+        with launcher_env(launcher):
+            run, compiled = compile_step(impl, args.dtype, step, batch, xla_options if impl == "jnova" else None)
+            if compiled is not None:  # which kernel call its lowering chose
+                hlo = compiled.lower(*batch).as_text("hlo")
+                launchers[side] = "jnova" if "@jnova_launch" in hlo else "jaxlib" if "triton_kernel_call" in hlo else "none"
+            for _ in range(3):  # first calls: kernels load, XLA warms its allocator
+                jax.block_until_ready(run(*batch))
+        runs[side] = run
+    print("launchers:", launchers)
+    times = {side: [] for side in runs}
+    ratios = {side: [] for side in runs if side != "xla"}
+    orders = itertools.cycle(itertools.permutations(runs))
     for r in range(args.rounds):
-        order = ("jnova", "xla") if r % 2 == 0 else ("xla", "jnova")
-        this = {impl: dispatch_seconds(runs[impl], batch) for impl in order}
-        for impl, t in this.items():
-            times[impl].append(t)
-        ratios.append(this["jnova"] / this["xla"])
+        this = {side: dispatch_seconds(runs[side], batch) for side in next(orders)}
+        for side, t in this.items():
+            times[side].append(t)
+        for side in ratios:
+            ratios[side].append(this[side] / this["xla"])
 
     base = {"bench": "dispatch", "case": f"B{args.batch}xT{args.seq}xL{args.layers}", "dtype": args.dtype,
             "device": jax.devices()[0].device_kind, "date": datetime.date.today().isoformat(),
@@ -70,12 +101,12 @@ def main():
         base["label"] = args.label
     if xla_options:
         base["jnova_xla_options"] = xla_options
-    records = [{**base, "impl": impl, "metric": "dispatch_ms",
+    records = [{**base, "impl": impl, "metric": "dispatch_ms", "launcher": launchers.get(impl, "xla"),
                 "value": round(statistics.median(ts) * 1e3, 3),
                 "quartiles_ms": [round(q * 1e3, 3) for q in quartiles(ts)]} for impl, ts in times.items()]
-    records.append({**base, "impl": "jnova/xla", "metric": "dispatch_ratio",
-                    "value": round(statistics.median(ratios), 3),
-                    "quartiles": [round(q, 3) for q in quartiles(ratios)]})
+    records += [{**base, "impl": f"{side}/xla", "metric": "dispatch_ratio", "launcher": launchers[side],
+                 "value": round(statistics.median(rs), 3), "quartiles": [round(q, 3) for q in quartiles(rs)]}
+                for side, rs in ratios.items()]
     emit("dispatch.jsonl", records)
 
 

@@ -70,10 +70,10 @@ fi
 
 if [[ " $parts " == *" dispatch "* ]]; then
   for dtype in ${STEP_DTYPES:-float32 bfloat16}; do
-    timeout 240 python3 benchmarks/dispatch.py --dtype $dtype --rounds ${DISPATCH_ROUNDS:-40} 2>/dev/null \
+    timeout 300 python3 benchmarks/dispatch.py --dtype $dtype --rounds ${DISPATCH_ROUNDS:-40} 2>/dev/null \
       | grep ratio || echo "dispatch $dtype failed"
   done
-  timeout 200 python3 benchmarks/dispatch.py --dtype float32 --batch 1 --seq 64 --rounds 100 --label probe 2>/dev/null \
+  timeout 240 python3 benchmarks/dispatch.py --dtype float32 --batch 1 --seq 64 --rounds 100 --label probe 2>/dev/null \
     | grep ratio || echo "dispatch probe failed"
 fi
 

@@ -1,5 +1,6 @@
 """Ahead-of-time GPU compilation on a machine without a GPU: target="h200"."""
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 import jnova
 from jnova.codegen.gpu.ptx import assemble_check
+from jnova.runtime import launcher
 from models import tiny
 
 
@@ -30,7 +32,9 @@ def test_gpu_step_lowers_to_ptx_kernel_calls(lowered):
     assert "wgmma.mma_async.sync.aligned.m64n" in ptx and ".tf32.tf32" in ptx  # contractions: TF32 wgmma
     hlo = lowered.as_text("hlo")  # the jitted step lowered for CUDA on this CPU machine
     # one custom call per kernel that has a GPU builder; the rest (xla_groups) are ordinary HLO ops
-    assert hlo.count("triton_kernel_call_ffi") == stats["kernels"] - stats["xla_groups"]
+    assert hlo.count("stablehlo.custom_call @jnova_launch") == stats["kernels"] - stats["xla_groups"]
+    kernel_ids = {int(k) for k in re.findall(r"kernel_id = (\d+) : ui64", hlo)}
+    assert kernel_ids and all(launcher.load().is_registered(k) for k in kernel_ids)  # registered for launch
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")

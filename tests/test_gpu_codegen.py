@@ -222,10 +222,30 @@ def _read_varint(data: bytes, i: int) -> tuple[int, int]:
             return value, i
 
 
-def test_cuda_lowering_is_the_ptx_kernel_call():
+def test_cuda_lowering_is_jnovas_launcher_with_the_kernel_registered():
+    from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
+    from jnova.primitives.nova_kernel import nova_kernel_p
+    from jnova.runtime import launcher
+
+    register_gpu_lowering()
+    fn, args, kernel, inputs = case_kernel("f32_chain_1000x77")
+    launch = compile_gpu_kernel(kernel, get_target("h200"))
+    handle = GpuKernelHandle(launch, [v.type for v in kernel.outputs])
+    lowered = jax.jit(lambda *xs: nova_kernel_p.bind(*xs, kernel=handle)).trace(*inputs)
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.custom_call @jnova_launch" in text and "triton" not in text
+    kernel_id = int(re.search(r"kernel_id = (\d+) : ui64", text).group(1))
+    assert kernel_id == launcher.kernel_id(launch.name, launch.ptx) and launcher.load().is_registered(kernel_id)
+    geometry = [int(v) for v in re.search(r"launch = dense<\[([\d, ]+)\]> : tensor<7xi64>", text).group(1).split(",")]
+    assert geometry == [*launch.grid, *launch.block, launch.shared_mem_bytes]
+    assert ".entry " + launch.name in launch.ptx  # the entry the launcher looks up
+
+
+def test_cuda_lowering_is_the_ptx_kernel_call_with_jaxlib_launcher(monkeypatch):
     from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
     from jnova.primitives.nova_kernel import nova_kernel_p
 
+    monkeypatch.setenv("JNOVA_LAUNCHER", "jaxlib")
     register_gpu_lowering()
     fn, args, kernel, inputs = case_kernel("f32_chain_1000x77")
     launch = compile_gpu_kernel(kernel, get_target("h200"))

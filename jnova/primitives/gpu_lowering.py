@@ -1,6 +1,11 @@
-"""The CUDA lowering of `nova_kernel_p`: a jnova GPU kernel as jaxlib's PTX kernel-call custom call.
+"""The CUDA lowering of `nova_kernel_p`: a jnova GPU kernel as a custom call that launches it.
 
-The call is `triton_kernel_call_ffi` (api_version 4); its `opaque` attribute is a zlib-compressed
+By default the call is jnova's own launcher (`jnova_launch`, jnova/runtime/launcher.py): the kernel
+is registered with the launcher here, and the call carries its 64-bit id and launch geometry
+(attributes `kernel_id` and `launch`). Where the launcher cannot be built (no C compiler), or with
+`JNOVA_LAUNCHER=jaxlib`, the call is jaxlib's PTX kernel call instead:
+
+The jaxlib call is `triton_kernel_call_ffi` (api_version 4); its `opaque` attribute is a zlib-compressed
 `jax_triton.TritonAnyKernelCall` protobuf (jaxlib/gpu/triton.proto) holding the PTX, entry name,
 warps, dynamic shared memory, compute capability, grid and one array parameter per buffer. Buffers
 are the operands then the results (aliased results included), each array parameter takes the next
@@ -18,12 +23,13 @@ import functools
 import zlib
 
 import jax
+import numpy as np
 from jax.interpreters import mlir
 
 from jnova.codegen.gpu.launch import GpuLaunch
 from jnova.dialect.types import TensorType
 from jnova.primitives.nova_kernel import KernelHandle, nova_kernel_p
-from jnova.runtime import jax_internals
+from jnova.runtime import jax_internals, launcher
 
 TARGET = "triton_kernel_call_ffi"
 PTR_DIVISIBILITY = 16  # jaxlib checks every buffer's alignment before the launch (the PTX assumes it)
@@ -69,10 +75,23 @@ def lower_gpu_kernel(ctx, *args, kernel: KernelHandle):
         raise NotImplementedError(
             f"jnova kernel {kernel.name} was compiled for {kernel.backend}; it cannot be lowered for a GPU. "
             "Compile the step with the inputs on the GPU (or backend='gpu').")
-    opaque = _opaque(launch, len(ctx.avals_in) + len(ctx.avals_out))
     aliases = dict(getattr(kernel, "aliases", ()))
+    if launcher.choice() == "jnova":
+        kernel_id = _register(launch)
+        geometry = np.array([*launch.grid, *launch.block, launch.shared_mem_bytes], np.int64)
+        rule = jax.ffi.ffi_lowering(launcher.TARGET, api_version=4, operand_output_aliases=aliases or None)
+        return rule(ctx, *args, kernel_id=np.uint64(kernel_id), launch=geometry)
+    opaque = _opaque(launch, len(ctx.avals_in) + len(ctx.avals_out))
     rule = jax.ffi.ffi_lowering(TARGET, api_version=4, operand_output_aliases=aliases or None)
     return rule(ctx, *args, name=launch.name, opaque=opaque)
+
+
+@functools.lru_cache(maxsize=4096)
+def _register(launch: GpuLaunch) -> int:
+    """Register `launch`'s PTX with jnova's launcher (once a process); its kernel id."""
+    kernel_id = launcher.kernel_id(launch.name, launch.ptx)
+    launcher.load().register(kernel_id, launch.name, launch.ptx)
+    return kernel_id
 
 
 @functools.lru_cache(maxsize=4096)

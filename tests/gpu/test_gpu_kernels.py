@@ -204,8 +204,28 @@ def test_hand_encoded_kernel_call_equals_jaxlibs_and_launches(monkeypatch):
     theirs = gpu_lowering.kernel_call_proto(launch, 3)
     print("hand-encoded", len(ours), "bytes; jaxlib", len(theirs), "bytes; equal:", ours == theirs)
     monkeypatch.setattr(jax_internals, "gpu_triton", lambda: None)  # force the hand-written protobuf
+    monkeypatch.setenv("JNOVA_LAUNCHER", "jaxlib")  # launch through jaxlib's kernel call
     assert zlib.compress(gpu_lowering.kernel_call_proto(launch, 3)) == zlib.compress(ours)
     poison = [jnp.full(x.shape, jnp.nan, f32)]
     (got,) = run_kernel(launch, kernel, inputs, poison)
     np.testing.assert_allclose(got, jnp.exp(x) - 1, rtol=1e-5, atol=1e-5)
     assert ours == theirs, "hand-encoded protobuf differs from jaxlib's (it still launched correctly)"
+
+
+def test_both_launchers_give_the_same_results(monkeypatch):
+    """jnova's launcher (the default, used by every other test here) and jaxlib's PTX kernel call
+    launch the same kernel, with the same aliased poison buffers, to the same bits."""
+    rng = np.random.default_rng()
+    x, y = rand((3001, 77), f32, rng), rand((3001, 77), f32, rng)
+    kernel, inputs = kernel_of(lambda a, b: (jnp.tanh(a) * b, a - b), x, y)
+    launch = compile_gpu_kernel(kernel, TARGET)
+    results = {}
+    for name in ("jnova", "jaxlib"):
+        monkeypatch.setenv("JNOVA_LAUNCHER", name)
+        handle = GpuKernelHandle(launch, [v.type for v in kernel.outputs])
+        hlo = jax.jit(lambda *xs: nova_kernel_p.bind(*xs, kernel=handle)).lower(*inputs).as_text()
+        assert ("jnova_launch" in hlo) == (name == "jnova")
+        results[name] = run_kernel(launch, kernel, inputs, [jnp.full(x.shape, jnp.nan, f32) for _ in range(2)])
+    for a, b in zip(results["jnova"], results["jaxlib"]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(results["jnova"][0], jnp.tanh(x) * y, rtol=1e-5, atol=1e-6)

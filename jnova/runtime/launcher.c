@@ -1,0 +1,362 @@
+/* jnova's kernel launcher: an XLA FFI handler that launches one registered jnova kernel.
+ *
+ * Built by jnova/runtime/launcher.py with the host C compiler against the XLA FFI C API headers
+ * that jaxlib ships (jax.ffi.include_dir()), loaded with ctypes and registered as the CUDA
+ * custom-call target "jnova_launch".
+ *
+ * Why not jaxlib's PTX kernel call: its handler copies and hashes the whole compressed call
+ * (PTX included) into a std::string, takes a global mutex, looks the dictionary attribute up by
+ * name and allocates two vectors on every launch, and the PTX travels in every call of the HLO.
+ * Here a launch is: the kernel's 64-bit id and launch geometry read from the call's attributes,
+ * a lock-free table lookup, the CUfunction of the stream's context, one cuLaunchKernel.
+ *
+ * Kernels are registered from Python (jnova_register) when a step is lowered, with their PTX;
+ * the module is loaded (the driver assembles the PTX, and keeps the result in its own disk
+ * cache) in the initialize stage, in each CUDA context. The handler is command-buffer compatible:
+ * XLA records its launch into the CUDA graphs it runs steps as. The attributes of a call:
+ *   kernel_id  u64 scalar          the registered kernel
+ *   launch     i64[7] array        grid x, y, z, block x, y, z, dynamic shared memory bytes
+ * Buffers are the operands then the results, one pointer parameter each, 16-byte aligned.
+ *
+ * The CUDA driver is opened with dlopen at jnova_launcher_init, so building needs no CUDA headers
+ * and a machine without a GPU can build, load and register (it cannot launch).
+ */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xla/ffi/api/c_api.h"
+
+/* ------------------------------------------------------------------ the CUDA driver, by dlopen */
+typedef int CUresult;
+typedef void* CUcontext;
+typedef void* CUmodule;
+typedef void* CUfunction;
+typedef void* CUstream;
+
+enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8, STATIC_SHARED_LIMIT = 48 * 1024 };
+
+static struct {
+  CUresult (*stream_get_ctx)(CUstream, CUcontext*);
+  CUresult (*stream_is_capturing)(CUstream, int*);
+  CUresult (*ctx_get_current)(CUcontext*);
+  CUresult (*ctx_push_current)(CUcontext);
+  CUresult (*ctx_pop_current)(CUcontext*);
+  CUresult (*module_load_data)(CUmodule*, const void*);
+  CUresult (*module_get_function)(CUfunction*, CUmodule, const char*);
+  CUresult (*func_set_attribute)(CUfunction, int, int);
+  CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, CUstream, void**, void**);
+  CUresult (*get_error_string)(CUresult, const char**);
+} cu;
+
+static char init_error[512];
+
+/* Opens the driver library `path` (libcuda.so.1, or a stand-in in tests). 0 on success, -1 when the
+ * library cannot be opened (no driver: a machine without a GPU), -2 when it lacks a function the
+ * launcher needs; the reason is in jnova_launcher_error(). */
+int jnova_launcher_init(const char* path) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    snprintf(init_error, sizeof init_error, "dlopen(%s): %s", path, dlerror());
+    return -1;
+  }
+  __typeof__(cu) found;  /* committed only when every symbol is there */
+#define JNOVA_SYMBOL(field, name)                                                  \
+  *(void**)(&found.field) = dlsym(lib, name);                                      \
+  if (found.field == NULL) {                                                       \
+    snprintf(init_error, sizeof init_error, "%s has no symbol %s", path, name);    \
+    return -2;                                                                     \
+  }
+  JNOVA_SYMBOL(stream_get_ctx, "cuStreamGetCtx")
+  JNOVA_SYMBOL(stream_is_capturing, "cuStreamIsCapturing")
+  JNOVA_SYMBOL(ctx_get_current, "cuCtxGetCurrent")
+  JNOVA_SYMBOL(ctx_push_current, "cuCtxPushCurrent_v2")
+  JNOVA_SYMBOL(ctx_pop_current, "cuCtxPopCurrent_v2")
+  JNOVA_SYMBOL(module_load_data, "cuModuleLoadData")
+  JNOVA_SYMBOL(module_get_function, "cuModuleGetFunction")
+  JNOVA_SYMBOL(func_set_attribute, "cuFuncSetAttribute")
+  JNOVA_SYMBOL(launch_kernel, "cuLaunchKernel")
+  JNOVA_SYMBOL(get_error_string, "cuGetErrorString")
+#undef JNOVA_SYMBOL
+  cu = found;
+  return 0;
+}
+
+const char* jnova_launcher_error(void) { return init_error; }
+
+/* ------------------------------------------------------------------ the kernel table */
+enum { TABLE_SIZE = 1 << 14, MAX_CONTEXTS = 16, STACK_PARAMS = 256, MAX_PARAMS = 4096 };
+
+typedef struct {
+  CUcontext context;
+  CUfunction function;
+} ContextFunction;
+
+typedef struct {
+  uint64_t id;
+  char* name;
+  char* image;  /* NUL-terminated PTX */
+  size_t image_size;
+  atomic_int num_functions;
+  ContextFunction functions[MAX_CONTEXTS];
+} Kernel;
+
+/* Open addressing on the id; slots are published with release stores and read with acquire loads,
+ * so launches never lock. Registration and module loading take `mutex`. */
+static _Atomic(Kernel*) table[TABLE_SIZE];
+static int num_kernels;
+static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+static atomic_long num_module_loads;
+
+static Kernel* find(uint64_t id) {
+  for (uint64_t i = 0; i < TABLE_SIZE; ++i) {
+    Kernel* k = atomic_load_explicit(&table[(id + i) & (TABLE_SIZE - 1)], memory_order_acquire);
+    if (k == NULL || k->id == id) return k;
+  }
+  return NULL;
+}
+
+/* Registers kernel `id` (entry `name`, PTX `image` of `size` bytes). Registering an id again with
+ * the same kernel does nothing. 0 on success, -1 when the id is taken by another kernel, -2 when
+ * the table is full, -3 when out of memory. */
+int jnova_register(uint64_t id, const char* name, const char* image, size_t size) {
+  pthread_mutex_lock(&mutex);
+  int status = 0;
+  Kernel* k = find(id);
+  if (k != NULL) {
+    if (k->image_size != size || memcmp(k->image, image, size) != 0 || strcmp(k->name, name) != 0)
+      status = -1;
+  } else if (num_kernels >= TABLE_SIZE * 3 / 4) {
+    status = -2;
+  } else {
+    k = calloc(1, sizeof *k);
+    size_t name_size = strlen(name) + 1;
+    char* name_copy = malloc(name_size);
+    char* image_copy = malloc(size + 1);
+    if (k == NULL || name_copy == NULL || image_copy == NULL) {
+      free(k), free(name_copy), free(image_copy);
+      status = -3;
+    } else {
+      memcpy(name_copy, name, name_size);
+      memcpy(image_copy, image, size);
+      image_copy[size] = '\0';
+      k->id = id, k->name = name_copy, k->image = image_copy, k->image_size = size;
+      uint64_t i = 0;
+      while (atomic_load_explicit(&table[(id + i) & (TABLE_SIZE - 1)], memory_order_relaxed) != NULL) ++i;
+      atomic_store_explicit(&table[(id + i) & (TABLE_SIZE - 1)], k, memory_order_release);
+      ++num_kernels;
+    }
+  }
+  pthread_mutex_unlock(&mutex);
+  return status;
+}
+
+int jnova_is_registered(uint64_t id) { return find(id) != NULL; }
+
+/* Modules loaded so far (all kernels, all contexts): a kernel loads once per context. */
+long jnova_module_loads(void) { return atomic_load(&num_module_loads); }
+
+/* ------------------------------------------------------------------ the FFI handler */
+static XLA_FFI_Error* error(const XLA_FFI_Api* api, XLA_FFI_Error_Code code, const char* message) {
+  XLA_FFI_Error_Create_Args args = {XLA_FFI_Error_Create_Args_STRUCT_SIZE, NULL, message, code};
+  return api->XLA_FFI_Error_Create(&args);
+}
+
+static XLA_FFI_Error* driver_error(const XLA_FFI_Api* api, CUresult r, const char* call, const Kernel* k) {
+  const char* text = NULL;
+  if (cu.get_error_string == NULL || cu.get_error_string(r, &text) != 0 || text == NULL) text = "unknown error";
+  char message[512];
+  snprintf(message, sizeof message, "jnova kernel %s: %s failed: %s (CUDA error %d)", k->name, call, text, r);
+  return error(api, XLA_FFI_Error_Code_INTERNAL, message);
+}
+
+/* The kernel's function in `context`, loading its module there on first use. */
+static XLA_FFI_Error* function_for(const XLA_FFI_Api* api, Kernel* k, CUcontext context, int smem,
+                                   CUfunction* out) {
+  int n = atomic_load_explicit(&k->num_functions, memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (k->functions[i].context == context) return *out = k->functions[i].function, NULL;
+
+  pthread_mutex_lock(&mutex);
+  XLA_FFI_Error* err = NULL;
+  n = atomic_load_explicit(&k->num_functions, memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (k->functions[i].context == context) {
+      *out = k->functions[i].function;
+      goto done;
+    }
+  if (n == MAX_CONTEXTS) {
+    err = error(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "jnova launcher: more than 16 CUDA contexts");
+    goto done;
+  }
+  CUresult r = cu.ctx_push_current(context);
+  if (r != 0) {
+    err = driver_error(api, r, "cuCtxPushCurrent", k);
+    goto done;
+  }
+  CUmodule module;
+  CUfunction function;
+  if ((r = cu.module_load_data(&module, k->image)) != 0) err = driver_error(api, r, "cuModuleLoadData", k);
+  else if ((r = cu.module_get_function(&function, module, k->name)) != 0)
+    err = driver_error(api, r, "cuModuleGetFunction", k);
+  else if (smem > STATIC_SHARED_LIMIT &&
+           (r = cu.func_set_attribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)) != 0)
+    err = driver_error(api, r, "cuFuncSetAttribute(max dynamic shared memory)", k);
+  CUcontext popped;
+  cu.ctx_pop_current(&popped);
+  if (err == NULL) {
+    atomic_fetch_add(&num_module_loads, 1);
+    k->functions[n] = (ContextFunction){context, function};
+    atomic_store_explicit(&k->num_functions, n + 1, memory_order_release);
+    *out = function;
+  }
+done:
+  pthread_mutex_unlock(&mutex);
+  return err;
+}
+
+static int name_is(const XLA_FFI_ByteSpan* name, const char* expected) {
+  size_t len = strlen(expected);
+  return name->len == len && memcmp(name->ptr, expected, len) == 0;
+}
+
+static XLA_FFI_Error* populate_metadata(const XLA_FFI_Api* api, XLA_FFI_Metadata_Extension* extension) {
+  if (extension->extension_base.struct_size < XLA_FFI_Metadata_Extension_STRUCT_SIZE ||
+      extension->metadata->struct_size < XLA_FFI_Metadata_STRUCT_SIZE)
+    return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "jnova launcher: metadata struct too small");
+  extension->metadata->api_version =
+      (XLA_FFI_Api_Version){XLA_FFI_Api_Version_STRUCT_SIZE, NULL, XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR};
+  /* XLA may record the launch into a command buffer (a CUDA graph) by capturing the stream: XLA runs
+   * steps as command buffers by default, and a call that cannot be recorded splits them. */
+  extension->metadata->traits = XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE;
+  return NULL;
+}
+
+/* What both stages need: the kernel, its launch geometry, the stream and the kernel's function in the
+ * stream's context (its module loaded there on first use). */
+typedef struct {
+  Kernel* kernel;
+  const int64_t* geometry;  /* grid x y z, block x y z, dynamic shared memory */
+  CUstream stream;
+  CUfunction function;
+} Call;
+
+static XLA_FFI_Error* resolve(XLA_FFI_CallFrame* frame, Call* call) {
+  const XLA_FFI_Api* api = frame->api;
+  const XLA_FFI_Scalar* kernel_id = NULL;
+  const XLA_FFI_Array* launch = NULL;
+  for (int64_t i = 0; i < frame->attrs.size; ++i) {
+    const XLA_FFI_ByteSpan* name = frame->attrs.names[i];
+    if (frame->attrs.types[i] == XLA_FFI_AttrType_SCALAR && name_is(name, "kernel_id"))
+      kernel_id = frame->attrs.attrs[i];
+    else if (frame->attrs.types[i] == XLA_FFI_AttrType_ARRAY && name_is(name, "launch"))
+      launch = frame->attrs.attrs[i];
+  }
+  if (kernel_id == NULL || kernel_id->dtype != XLA_FFI_DataType_U64 || launch == NULL ||
+      launch->dtype != XLA_FFI_DataType_S64 || launch->size != 7)
+    return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "jnova launcher: the call needs attributes kernel_id (u64) and launch (i64[7])");
+  uint64_t id = *(const uint64_t*)kernel_id->value;
+  call->geometry = launch->data;
+  call->kernel = find(id);
+  if (call->kernel == NULL) {
+    char message[256];
+    snprintf(message, sizeof message,
+             "jnova kernel %016" PRIx64 " is not registered in this process: it is registered when "
+             "jnova lowers the step (a serialized executable needs the step lowered again)", id);
+    return error(api, XLA_FFI_Error_Code_NOT_FOUND, message);
+  }
+  if (cu.launch_kernel == NULL)
+    return error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION,
+                 "jnova launcher: the CUDA driver was not opened (jnova_launcher_init)");
+
+  call->stream = NULL;
+#ifndef JNOVA_LAUNCHER_HOST_TEST  /* tests run this handler on XLA's CPU backend, which has no stream */
+  XLA_FFI_Stream_Get_Args stream_args = {XLA_FFI_Stream_Get_Args_STRUCT_SIZE, NULL, frame->ctx, NULL};
+  XLA_FFI_Error* err = api->XLA_FFI_Stream_Get(&stream_args);
+  if (err != NULL) return err;
+  call->stream = stream_args.stream;
+#endif
+  /* While XLA records a command buffer the stream is being captured, and cuStreamGetCtx must not be
+   * asked then (a CUDA bug jaxlib works around the same way): the context is the current one. */
+  int capturing = 0;
+  CUresult r = cu.stream_is_capturing(call->stream, &capturing);
+  if (r != 0) return driver_error(api, r, "cuStreamIsCapturing", call->kernel);
+  CUcontext context;
+  r = capturing ? cu.ctx_get_current(&context) : cu.stream_get_ctx(call->stream, &context);
+  if (r != 0) return driver_error(api, r, capturing ? "cuCtxGetCurrent" : "cuStreamGetCtx", call->kernel);
+  return function_for(api, call->kernel, context, (int)call->geometry[6], &call->function);
+}
+
+static XLA_FFI_Error* prologue(XLA_FFI_CallFrame* frame, XLA_FFI_ExecutionStage stage, int* done) {
+  *done = 1;
+  if (frame->extension_start != NULL && frame->extension_start->type == XLA_FFI_Extension_Metadata)
+    return populate_metadata(frame->api, (XLA_FFI_Metadata_Extension*)frame->extension_start);
+  if (frame->stage != stage)
+    return error(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "jnova launcher: called in the wrong stage");
+  *done = 0;
+  return NULL;
+}
+
+/* The initialize stage: loads the kernel's module before XLA records the call into a command buffer
+ * (module loading is not allowed while a stream is captured). */
+XLA_FFI_Error* jnova_launch_initialize(XLA_FFI_CallFrame* frame) {
+  int done;
+  XLA_FFI_Error* err = prologue(frame, XLA_FFI_ExecutionStage_INITIALIZE, &done);
+  if (done) return err;
+  Call call;
+  return resolve(frame, &call);
+}
+
+static XLA_FFI_Error* launch(XLA_FFI_CallFrame* frame, const Call* call, int64_t num_params, void** params);
+
+/* The execute stage: one launch (or, while XLA records a command buffer, one captured launch). */
+XLA_FFI_Error* jnova_launch(XLA_FFI_CallFrame* frame) {
+  int done;
+  XLA_FFI_Error* err = prologue(frame, XLA_FFI_ExecutionStage_EXECUTE, &done);
+  if (done) return err;
+  Call call;
+  if ((err = resolve(frame, &call)) != NULL) return err;
+  /* A horizontally fused kernel (an optimizer's updates) takes hundreds of buffers; the driver's limit
+   * on a launch's parameters (32 KiB on Volta and later with CUDA 12.1) is the real bound. */
+  int64_t num_params = frame->args.size + frame->rets.size;
+  if (num_params > MAX_PARAMS)
+    return error(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "jnova launcher: more than 4096 buffers");
+  void* stack_params[STACK_PARAMS];
+  void** params = num_params <= STACK_PARAMS ? stack_params : malloc(num_params * sizeof(void*));
+  if (params == NULL)
+    return error(frame->api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "jnova launcher: out of memory");
+  err = launch(frame, &call, num_params, params);
+  if (params != stack_params) free(params);
+  return err;
+}
+
+static XLA_FFI_Error* launch(XLA_FFI_CallFrame* frame, const Call* call, int64_t num_params, void** params) {
+  const XLA_FFI_Api* api = frame->api;
+  uintptr_t misaligned = 0;
+  for (int64_t i = 0; i < num_params; ++i) {
+    int is_arg = i < frame->args.size;
+    int64_t j = is_arg ? i : i - frame->args.size;
+    if (is_arg ? frame->args.types[j] != XLA_FFI_ArgType_BUFFER : frame->rets.types[j] != XLA_FFI_RetType_BUFFER)
+      return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "jnova launcher: every operand and result is a buffer");
+    XLA_FFI_Buffer* buffer = is_arg ? frame->args.args[j] : frame->rets.rets[j];
+    params[i] = &buffer->data;  /* the kernel's parameter is the pointer: cuLaunchKernel reads it here */
+    misaligned |= (uintptr_t)buffer->data;
+  }
+  if (misaligned & 15) {
+    char message[256];
+    snprintf(message, sizeof message, "jnova kernel %s: a buffer is not 16-byte aligned", call->kernel->name);
+    return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, message);
+  }
+  const int64_t* g = call->geometry;
+  CUresult r = cu.launch_kernel(call->function, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2], (unsigned)g[3],
+                                (unsigned)g[4], (unsigned)g[5], (unsigned)g[6], call->stream, params, NULL);
+  if (r != 0) return driver_error(api, r, "cuLaunchKernel", call->kernel);
+  return NULL;
+}

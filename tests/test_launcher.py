@@ -1,0 +1,224 @@
+"""jnova's kernel launcher (jnova/runtime/launcher.c) on a CPU: its FFI handler runs on XLA's CPU
+backend against a stand-in driver (tests/data/mock_cuda.c) whose "kernels" compute on the host, so
+parameter order, aliasing, launch geometry, module caching and every error path are checked through
+real results. The GPU tests run every jnova kernel through the same handler on the H200."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jnova.errors import CompileError
+from jnova.runtime import launcher
+
+pytestmark = pytest.mark.skipif(launcher.compiler() is None, reason="no C compiler")
+
+MOCK_SOURCE = Path(__file__).with_name("data") / "mock_cuda.c"
+HOST_TARGET = "jnova_launch_host_test"
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """(launcher, mock driver): the host-test build of the launcher on the stand-in driver, registered
+    with XLA's CPU backend as HOST_TARGET."""
+    mock = tmp_path_factory.mktemp("mock") / "mock_cuda.so"
+    subprocess.run([launcher.compiler(), "-O1", "-shared", "-fPIC", str(MOCK_SOURCE), "-o", str(mock)], check=True)
+    lib = launcher.Launcher(launcher.build((launcher.HOST_TEST,)), driver=str(mock))
+    assert lib.driver_error is None
+    jax.ffi.register_ffi_target(HOST_TARGET, lib.handler(), platform="cpu", api_version=1)
+    driver = ctypes.CDLL(str(mock))
+    driver.mock_loads.restype = driver.mock_launches.restype = ctypes.c_long
+    return lib, driver
+
+
+@pytest.fixture
+def rng():
+    seed = int(os.environ.get("JNOVA_TEST_SEED") or np.random.SeedSequence().entropy % 2**31)
+    print(f"random seed {seed}")  # shown with a failure
+    return np.random.default_rng(seed)
+
+
+def register(lib, entry: str, ptx: str) -> int:
+    kernel_id = launcher.kernel_id(entry, ptx)
+    lib.register(kernel_id, entry, ptx)
+    return kernel_id
+
+
+def launch(kernel_id, out_shape, *args, geometry, aliases=None, **attrs):
+    call = jax.ffi.ffi_call(HOST_TARGET, out_shape, input_output_aliases=aliases)
+    attrs = {"kernel_id": np.uint64(kernel_id), "launch": np.array(geometry, np.int64), **attrs}
+    return jax.jit(lambda *xs: call(*xs, **attrs))(*args)
+
+
+def last_launch(driver) -> list[int]:
+    out = (ctypes.c_int64 * 7)()
+    driver.mock_last_launch(out)
+    return list(out)
+
+
+def test_launch_passes_buffers_in_order_with_the_geometry(host, rng):
+    lib, driver = host
+    kernel_id = register(lib, "mock_add", "// add, geometry test")
+    a, b = (rng.standard_normal(640).astype(np.float32) for _ in range(2))
+    out = launch(kernel_id, jax.ShapeDtypeStruct((640,), jnp.float32), a, b, geometry=[5, 1, 1, 128, 1, 1, 4096])
+    np.testing.assert_array_equal(np.asarray(out), a + b)
+    assert last_launch(driver) == [5, 1, 1, 128, 1, 1, 4096]
+
+
+def test_large_dynamic_shared_memory_is_allowed_on_the_function(host, rng):
+    lib, driver = host
+    kernel_id = register(lib, "mock_add", "// add, 200 KiB of shared memory")
+    a, b = (rng.standard_normal(256).astype(np.float32) for _ in range(2))
+    launch(kernel_id, jax.ShapeDtypeStruct((256,), jnp.float32), a, b, geometry=[2, 1, 1, 128, 1, 1, 200 * 1024])
+    assert driver.mock_max_dynamic_shared() == 200 * 1024
+
+
+def test_aliased_result_updates_in_place(host, rng):
+    lib, _ = host
+    kernel_id = register(lib, "mock_axpy_inplace", "// y += 2 x")
+    x, y = (rng.standard_normal(512).astype(np.float32) for _ in range(2))
+    out = launch(kernel_id, jax.ShapeDtypeStruct((512,), jnp.float32), x, y, geometry=[4, 1, 1, 128, 1, 1, 0],
+                 aliases={1: 0})
+    np.testing.assert_allclose(np.asarray(out), y + 2 * x, rtol=1e-6)
+
+
+def test_hundreds_of_buffers(host, rng):
+    """A horizontally fused kernel (an optimizer's updates) takes hundreds of buffers."""
+    lib, _ = host
+    kernel_id = register(lib, "mock_sum_many", "// sum of 300 inputs")
+    xs = [rng.standard_normal(64).astype(np.float32) for _ in range(300)]
+    out = launch(kernel_id, jax.ShapeDtypeStruct((64,), jnp.float32), *xs, geometry=[1, 1, 1, 64, 1, 1, 0])
+    np.testing.assert_allclose(np.asarray(out), np.sum(xs, axis=0, dtype=np.float64), rtol=1e-4, atol=1e-4)
+
+
+def test_module_loads_once_per_context(host, rng):
+    lib, driver = host
+    kernel_id = register(lib, "mock_add", "// add, module cache test")
+    a, b = (rng.standard_normal(128).astype(np.float32) for _ in range(2))
+    shape = jax.ShapeDtypeStruct((128,), jnp.float32)
+    loads, launches = driver.mock_loads(), driver.mock_launches()
+    for _ in range(3):
+        launch(kernel_id, shape, a, b, geometry=[1, 1, 1, 128, 1, 1, 0])
+    assert (driver.mock_loads() - loads, driver.mock_launches() - launches) == (1, 3)
+    driver.mock_set_context(2)  # another device's context loads its own module
+    try:
+        launch(kernel_id, shape, a, b, geometry=[1, 1, 1, 128, 1, 1, 0])
+    finally:
+        driver.mock_set_context(1)
+    launch(kernel_id, shape, a, b, geometry=[1, 1, 1, 128, 1, 1, 0])
+    assert driver.mock_loads() - loads == 2 and lib.module_loads() >= 2
+    assert driver.mock_context_depth() == 0  # every push was popped
+
+
+def test_launch_while_the_stream_is_captured(host, rng):
+    """XLA records the handler into a command buffer by capturing the stream: the context then comes
+    from cuCtxGetCurrent (the stand-in, like CUDA, refuses cuStreamGetCtx during capture)."""
+    lib, driver = host
+    kernel_id = register(lib, "mock_add", "// add, capture test")
+    a, b = (rng.standard_normal(256).astype(np.float32) for _ in range(2))
+    launch(kernel_id, jax.ShapeDtypeStruct((256,), jnp.float32), a, b, geometry=[2, 1, 1, 128, 1, 1, 0])
+    driver.mock_set_capturing(1)
+    try:
+        out = launch(kernel_id, jax.ShapeDtypeStruct((256,), jnp.float32), b, b, geometry=[2, 1, 1, 128, 1, 1, 0])
+    finally:
+        driver.mock_set_capturing(0)
+    np.testing.assert_array_equal(np.asarray(out), b + b)
+
+
+def test_unregistered_kernel_is_a_clear_error(host):
+    x = np.ones(4, np.float32)
+    with pytest.raises(Exception, match="is not registered in this process"):
+        launch(12345, jax.ShapeDtypeStruct((4,), jnp.float32), x, x, geometry=[1, 1, 1, 4, 1, 1, 0])
+
+
+def test_driver_failure_names_the_kernel_and_the_call(host):
+    lib, driver = host
+    kernel_id = register(lib, "mock_add", "// MOCK_INVALID_PTX")
+    x = np.ones(4, np.float32)
+    with pytest.raises(Exception, match=r"jnova kernel mock_add: cuModuleLoadData failed: mock: invalid PTX"):
+        launch(kernel_id, jax.ShapeDtypeStruct((4,), jnp.float32), x, x, geometry=[1, 1, 1, 4, 1, 1, 0])
+    assert driver.mock_context_depth() == 0
+    unknown = register(lib, "no_such_entry", "// a module without the entry")
+    with pytest.raises(Exception, match="cuModuleGetFunction failed"):
+        launch(unknown, jax.ShapeDtypeStruct((4,), jnp.float32), x, x, geometry=[1, 1, 1, 4, 1, 1, 0])
+
+
+def test_call_without_launch_geometry_is_refused(host):
+    lib, _ = host
+    kernel_id = register(lib, "mock_add", "// add, attribute test")
+    call = jax.ffi.ffi_call(HOST_TARGET, jax.ShapeDtypeStruct((4,), jnp.float32))
+    x = np.ones(4, np.float32)
+    with pytest.raises(Exception, match=r"needs attributes kernel_id \(u64\) and launch \(i64\[7\]\)"):
+        jax.jit(lambda a: call(a, a, kernel_id=np.uint64(kernel_id), launch=np.arange(6, dtype=np.int64)))(x)
+
+
+def test_register_refuses_an_id_taken_by_another_kernel(host):
+    lib, _ = host
+    kernel_id = register(lib, "mock_add", "// add, collision test")
+    with pytest.raises(CompileError, match="hash collision"):
+        lib.register(kernel_id, "mock_add", "// another kernel, same id")
+    lib.register(kernel_id, "mock_add", "// add, collision test")  # the same kernel again is fine
+    assert lib.is_registered(kernel_id) and not lib.is_registered(kernel_id ^ 1)
+
+
+def test_kernel_ids_fit_mlir_attributes():
+    ids = {launcher.kernel_id("k", f"// {i}") for i in range(200)}
+    assert len(ids) == 200 and max(ids) < 2**63 and max(ids) > 2**60
+
+
+def test_missing_driver_is_reported_not_fatal():
+    lib = launcher.Launcher(launcher.build((launcher.HOST_TEST,)), driver="/nonexistent/libcuda.so.1")
+    assert lib.driver_status == -1 and "dlopen(/nonexistent/libcuda.so.1)" in lib.driver_error
+
+
+def test_driver_without_a_needed_function_is_unusable(tmp_path):
+    partial = tmp_path / "libcuda_partial.so"  # a "driver" exporting only cuStreamGetCtx
+    source = tmp_path / "partial.c"
+    source.write_text("int cuStreamGetCtx(void* s, void** c) { (void)s; *c = 0; return 0; }\n")
+    subprocess.run([launcher.compiler(), "-shared", "-fPIC", str(source), "-o", str(partial)], check=True)
+    lib = launcher.Launcher(launcher.build((launcher.HOST_TEST,)), driver=str(partial))
+    assert lib.driver_status == -2 and "has no symbol cuStreamIsCapturing" in lib.driver_error
+
+
+def test_build_is_reused_and_kept_private(tmp_path, monkeypatch):
+    monkeypatch.setenv("JNOVA_CACHE_DIR", str(tmp_path))
+    first = launcher.build()
+    assert first.parent == tmp_path / "launcher" and (first.parent.stat().st_mode & 0o777) == 0o700
+    mtime = first.stat().st_mtime_ns
+    assert launcher.build() == first and first.stat().st_mtime_ns == mtime  # not rebuilt
+    assert launcher.build((launcher.HOST_TEST,)) != first  # other flags, another library
+    assert not list(first.parent.glob("*.partial"))
+
+
+def test_source_compiles_without_warnings():
+    """The launcher against this jaxlib's FFI headers, with every warning an error."""
+    command = [launcher.compiler(), *launcher.FLAGS, "-Wextra", "-Werror", "-fsyntax-only",
+               "-I", jax.ffi.include_dir(), str(launcher.SOURCE)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("JNOVA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", shutil.which("false") or "/bin/false")
+    with pytest.raises(CompileError, match="stage 'launcher'"):
+        launcher.build()
+    with pytest.warns(RuntimeWarning, match="using jaxlib's PTX kernel call"):
+        assert launcher._load() is None
+
+
+def test_choice_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("JNOVA_LAUNCHER", "jaxlib")
+    assert launcher.choice() == "jaxlib"
+    monkeypatch.setenv("JNOVA_LAUNCHER", "jnova")
+    assert launcher.choice() == "jnova"  # this machine has a C compiler
+    monkeypatch.setenv("JNOVA_LAUNCHER", "cublas")
+    with pytest.raises(ValueError, match="expected 'jnova' or 'jaxlib'"):
+        launcher.choice()

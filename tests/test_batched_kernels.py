@@ -148,7 +148,7 @@ def test_compiled_step_launches_fewer_kernels_and_lowers_for_cuda():
     kernels = lowered.stats()["kernels"]
     hlo = lowered.as_text("hlo")
     assert "batched_elementwise" in lowered.as_text("launches")
-    assert hlo.count("stablehlo.custom_call @jnova_launch") <= kernels
+    assert 0 < hlo.count("stablehlo.custom_call @") <= kernels  # one kernel call per launch
     _, plan = gpu_plan(adam_step, *args)
     (batch,) = batched(plan)
     assert kernels == len(plan.kernels) and len(batch.segments) == 6  # six update kernels, one launch

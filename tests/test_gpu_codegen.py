@@ -223,16 +223,24 @@ def _read_varint(data: bytes, i: int) -> tuple[int, int]:
             return value, i
 
 
-@pytest.mark.skipif(launcher.compiler() is None, reason="no C compiler: jaxlib's kernel call is used")
-def test_cuda_lowering_is_jnovas_launcher_with_the_kernel_registered():
+def _lowered_for_cuda(case: str):
+    """(the kernel's launch, its number of buffers, the StableHLO text of a jitted call of it lowered
+    for CUDA)."""
     from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
     from jnova.primitives.nova_kernel import nova_kernel_p
+
     register_gpu_lowering()
-    fn, args, kernel, inputs = case_kernel("f32_chain_1000x77")
+    fn, args, kernel, inputs = case_kernel(case)
     launch = compile_gpu_kernel(kernel, get_target("h200"))
     handle = GpuKernelHandle(launch, [v.type for v in kernel.outputs])
     lowered = jax.jit(lambda *xs: nova_kernel_p.bind(*xs, kernel=handle)).trace(*inputs)
-    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    buffers = len(inputs) + len(kernel.outputs)
+    return launch, buffers, lowered.lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.skipif(launcher.compiler() is None, reason="no C compiler: jaxlib's kernel call is used")
+def test_cuda_lowering_is_jnovas_launcher_with_the_kernel_registered():
+    launch, _, text = _lowered_for_cuda("f32_chain_1000x77")
     assert "stablehlo.custom_call @jnova_launch" in text and "triton" not in text
     kernel_id = int(re.search(r"kernel_id = (\d+) : ui64", text).group(1))
     assert kernel_id == launcher.kernel_id(launch.name, launch.ptx) and launcher.load().is_registered(kernel_id)
@@ -242,16 +250,8 @@ def test_cuda_lowering_is_jnovas_launcher_with_the_kernel_registered():
 
 
 def test_cuda_lowering_is_the_ptx_kernel_call_with_jaxlib_launcher(monkeypatch):
-    from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
-    from jnova.primitives.nova_kernel import nova_kernel_p
-
     monkeypatch.setenv("JNOVA_LAUNCHER", "jaxlib")
-    register_gpu_lowering()
-    fn, args, kernel, inputs = case_kernel("f32_chain_1000x77")
-    launch = compile_gpu_kernel(kernel, get_target("h200"))
-    handle = GpuKernelHandle(launch, [v.type for v in kernel.outputs])
-    lowered = jax.jit(lambda *xs: nova_kernel_p.bind(*xs, kernel=handle)).trace(*inputs)
-    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    launch, buffers, text = _lowered_for_cuda("f32_chain_1000x77")
     assert "stablehlo.custom_call @triton_kernel_call_ffi" in text and 'name = "kernel_0"' in text
     opaque = re.search(r'opaque = "((?:[^"\\]|\\.)*)"', text).group(1)
     raw = re.sub(rb"\\([0-9A-Fa-f]{2})", lambda m: bytes([int(m.group(1), 16)]),
@@ -263,4 +263,4 @@ def test_cuda_lowering_is_the_ptx_kernel_call_with_jaxlib_launcher(monkeypatch):
     assert kernel_proto[1] == b"kernel_0" and kernel_proto[2] == launch.num_warps and kernel_proto[6] == 90
     assert kernel_proto[4].decode() == launch.ptx and kernel_proto[10] == 1
     assert [v for f, v in call if f == 2] == [launch.grid[0]]
-    assert len([v for f, v in call if f == 5]) == len(inputs) + 1  # one array parameter per buffer
+    assert len([v for f, v in call if f == 5]) == buffers  # one array parameter per buffer

@@ -1,7 +1,7 @@
 """The CUDA lowering of `nova_kernel_p`: a jnova GPU kernel as a custom call that launches it.
 
 By default the call is jnova's own launcher (`jnova_launch`, jnova/runtime/launcher.py): the kernel
-is registered with the launcher here, and the call carries its 64-bit id and launch geometry
+is registered with the launcher here, and the call carries its 63-bit id and launch geometry
 (attributes `kernel_id` and `launch`). Where the launcher cannot be built (no C compiler), or with
 `JNOVA_LAUNCHER=jaxlib`, the call is jaxlib's PTX kernel call instead:
 

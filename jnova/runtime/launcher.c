@@ -7,7 +7,7 @@
  * Why not jaxlib's PTX kernel call: its handler copies and hashes the whole compressed call
  * (PTX included) into a std::string, takes a global mutex, looks the dictionary attribute up by
  * name and allocates two vectors on every launch, and the PTX travels in every call of the HLO.
- * Here a launch is: the kernel's 64-bit id and launch geometry read from the call's attributes,
+ * Here a launch is: the kernel's id (63 bits) and launch geometry read from the call's attributes,
  * a lock-free table lookup, the CUfunction of the stream's context, one cuLaunchKernel.
  *
  * Kernels are registered from Python (jnova_register) when a step is lowered, with their PTX;

@@ -2,7 +2,7 @@
 
 A jnova step on a GPU is mostly kernel launches, and each one through jaxlib's PTX kernel call
 costs several microseconds of host time (launcher.c says where they go). jnova's launcher is a
-small XLA FFI handler: the call carries the kernel's 64-bit id and launch geometry, the PTX is
+small XLA FFI handler: the call carries the kernel's 63-bit id and launch geometry, the PTX is
 registered here once when the step is lowered, and a launch is a table lookup and cuLaunchKernel.
 
 It is C compiled on first use: `$CC` (or `cc`, `gcc`) against the XLA FFI headers of the jaxlib
@@ -121,8 +121,6 @@ class Launcher:
         # fails with the reason.
         self.driver_status = self.lib.jnova_launcher_init(driver.encode())  # 0, -1 no driver, -2 unusable
         self.driver_error = self.lib.jnova_launcher_error().decode() if self.driver_status else None
-        self._registered: dict[int, tuple[str, str]] = {}
-        self._lock = threading.Lock()
 
     def handler(self) -> dict:
         """The FFI handler's stages as PyCapsules (for jax.ffi.register_ffi_target): initialize loads
@@ -131,18 +129,15 @@ class Launcher:
                 "execute": jax.ffi.pycapsule(self.lib.jnova_launch)}
 
     def register(self, kernel_id: int, name: str, ptx: str) -> None:
-        known = self._registered.get(kernel_id)
-        if known == (name, ptx):
-            return
-        with self._lock:
-            image = ptx.encode()
-            status = self.lib.jnova_register(kernel_id, name.encode(), image, len(image))
-            if status != 0:
-                reason = {-1: "its id is taken by another kernel (a 64-bit hash collision)",
-                          -2: "the launcher's table is full (16384 kernels a process)",
-                          -3: "out of memory"}.get(status, f"status {status}")
-                raise CompileError("launcher", f"cannot register kernel {name} ({kernel_id:016x}): {reason}")
-            self._registered[kernel_id] = (name, ptx)
+        """Register a kernel (the library copies it, under its own lock); the same kernel again is a no-op.
+        Callers register each kernel once a process (gpu_lowering caches by launch)."""
+        image = ptx.encode()
+        status = self.lib.jnova_register(kernel_id, name.encode(), image, len(image))
+        if status != 0:
+            reason = {-1: "its id is taken by another kernel (a hash collision)",
+                      -2: "the launcher's table is full (12288 kernels a process)",
+                      -3: "out of memory"}.get(status, f"status {status}")
+            raise CompileError("launcher", f"cannot register kernel {name} ({kernel_id:016x}): {reason}")
 
     def is_registered(self, kernel_id: int) -> bool:
         return bool(self.lib.jnova_is_registered(kernel_id))

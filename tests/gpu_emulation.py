@@ -23,6 +23,7 @@ import numpy as np
 
 from jnova.capture.to_nova import to_nova
 from jnova.capture.trace import trace
+from jnova.codegen.cpu import with_bf16_runtime
 from jnova.codegen.gpu.compile import build_gpu_module
 from jnova.passes.align_contractions import align_contractions
 from jnova.passes.split_contractions import split_contractions
@@ -40,7 +41,8 @@ from jnova.passes.fuse import fuse
 from jnova.primitives.nova_to_jax import evaluate_op
 
 SIM_PIPELINE = ("builtin.module(convert-scf-to-cf, convert-vector-to-llvm, expand-strided-metadata, lower-affine,"
-                "arith-expand, convert-math-to-llvm, convert-math-to-libm, finalize-memref-to-llvm,"
+                "arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}, arith-expand{include-bf16=true},"
+                "convert-math-to-llvm, convert-math-to-libm, finalize-memref-to-llvm,"
                 "convert-arith-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, convert-index-to-llvm,"
                 "reconcile-unrealized-casts)")
 THREADS_TALK = ("gpu.shuffle", "gpu.barrier", "nvvm.", "memref.atomic", "gpu.dynamic_shared_memory")
@@ -75,7 +77,7 @@ def simulate(module, inputs, outputs) -> None:
         "scf.for %sim_b = %sim_0 to %sim_g step %sim_1 {", "scf.for %sim_t = %sim_0 to %sim_n step %sim_1 {",
         body, "}", "}", "return", "}"])
     with ir.Context():
-        mlir_module = ir.Module.parse(text)
+        mlir_module = ir.Module.parse(with_bf16_runtime(f"module {{\n{text}\n}}"))
         passmanager.PassManager.parse(SIM_PIPELINE).run(mlir_module.operation)
         engine = ExecutionEngine(mlir_module, opt_level=0)
     buffers = [aligned(np.asarray(x)) for x in inputs] + outputs

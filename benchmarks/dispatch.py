@@ -8,9 +8,12 @@ queue starts empty). Both steps are compiled in the same process and called in a
 both alike; separate processes differ by up to 1.5x from one to the next (benchmarks/results). The
 record gives each side's median and the median of the per-round ratios, with its quartiles.
 
-jnova's step is measured twice: launching its kernels through jnova's launcher (the default) and
-through jaxlib's PTX kernel call (JNOVA_LAUNCHER=jaxlib while it is compiled), as "jnova" and
-"jnova-jaxlib"; `--no-jaxlib-launcher` leaves the second out.
+jnova's step is measured up to three times: launching its kernels through jnova's launcher (the
+default: "jnova"), through the same launcher without its record stage where it has one
+(JNOVA_LAUNCHER_RECORD=0 while it is compiled: "jnova-captured", each launch captured into XLA's
+command buffer as a child graph instead of recorded as a kernel node), and through jaxlib's PTX
+kernel call (JNOVA_LAUNCHER=jaxlib: "jnova-jaxlib"); `--no-jaxlib-launcher` leaves the last out.
+Each record names the kernel call its side's lowering chose ("launcher").
 
 `--dtype bfloat16` is jnova's mixed_precision="bf16" against XLA with bf16 contraction operands, as in
 gpt2_step.py. `--jnova-xla-option` passes XLA options to jnova's step only (e.g. command buffers:
@@ -45,17 +48,30 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 
 @contextlib.contextmanager
-def launcher_env(value: str | None):
-    """JNOVA_LAUNCHER set to `value` (unset for None) while a step is compiled and first called."""
-    old = os.environ.pop("JNOVA_LAUNCHER", None)
-    if value is not None:
-        os.environ["JNOVA_LAUNCHER"] = value
+def launcher_env(values: dict):
+    """The launcher's environment variables set to `values` (the others unset) while a step is compiled
+    and first called."""
+    names = ("JNOVA_LAUNCHER", "JNOVA_LAUNCHER_RECORD")
+    old = {name: os.environ.pop(name, None) for name in names}
+    os.environ.update(values)
     try:
         yield
     finally:
-        os.environ.pop("JNOVA_LAUNCHER", None)
-        if old is not None:
-            os.environ["JNOVA_LAUNCHER"] = old
+        for name in names:
+            os.environ.pop(name, None)
+            if old[name] is not None:
+                os.environ[name] = old[name]
+
+
+def kernel_call(hlo: str) -> str:
+    """Which kernel call a jnova step's HLO launches through."""
+    from jnova.runtime import launcher
+
+    if "@" + launcher.CAPTURED_TARGET in hlo:
+        return "jnova-captured"
+    if "@" + launcher.TARGET in hlo:
+        return "jnova-record" if launcher.load().mode == "record" else "jnova-captured"
+    return "jaxlib" if "triton_kernel_call" in hlo else "none"
 
 
 def main():
@@ -70,20 +86,26 @@ def main():
 
     xla_options = dict(o.split("=", 1) for o in args.jnova_xla_option) or None
     config, step, batch = setup(args.batch, args.seq, args.layers)
-    sides = {"jnova": None, "xla": None} if args.no_jaxlib_launcher else \
-        {"jnova": None, "jnova-jaxlib": "jaxlib", "xla": None}
+    from jnova.runtime import launcher
+
+    lib = launcher.load()
+    sides = {"jnova": {}}
+    if lib is not None and lib.mode == "record":
+        sides["jnova-captured"] = {"JNOVA_LAUNCHER_RECORD": "0"}
+    if not args.no_jaxlib_launcher:
+        sides["jnova-jaxlib"] = {"JNOVA_LAUNCHER": "jaxlib"}
+    sides["xla"] = {}
     runs, launchers = {}, {}
-    for side, launcher in sides.items():
+    for side, env in sides.items():
         impl = "xla" if side == "xla" else "jnova"
-        with launcher_env(launcher):
+        with launcher_env(env):
             run, compiled = compile_step(impl, args.dtype, step, batch, xla_options if impl == "jnova" else None)
             if compiled is not None:  # which kernel call its lowering chose
-                hlo = compiled.lower(*batch).as_text("hlo")
-                launchers[side] = "jnova" if "@jnova_launch" in hlo else "jaxlib" if "triton_kernel_call" in hlo else "none"
+                launchers[side] = kernel_call(compiled.lower(*batch).as_text("hlo"))
             for _ in range(3):  # first calls: kernels load, XLA warms its allocator
                 jax.block_until_ready(run(*batch))
         runs[side] = run
-    print("launchers:", launchers)
+    print("launchers:", launchers, "launcher counts:", lib.counts() if lib is not None else None)
     times = {side: [] for side in runs}
     ratios = {side: [] for side in runs if side != "xla"}
     orders = itertools.cycle(itertools.permutations(runs))
@@ -107,6 +129,8 @@ def main():
     records += [{**base, "impl": f"{side}/xla", "metric": "dispatch_ratio", "launcher": launchers[side],
                  "value": round(statistics.median(rs), 3), "quartiles": [round(q, 3) for q in quartiles(rs)]}
                 for side, rs in ratios.items()]
+    if lib is not None:
+        print("launcher counts after the rounds:", lib.counts())
     emit("dispatch.jsonl", records)
 
 

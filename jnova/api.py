@@ -88,9 +88,11 @@ class CompiledStep:
                 raise NotImplementedError(f"jnova has no backend for the {backend!r} platform (cpu and gpu only)")
             target = None
             if backend == "gpu":
+                from jnova.runtime import launcher
                 from jnova.runtime.target import get_target
 
                 target = get_target(self.options.target)
+                launcher.choice()  # loads and registers the launcher now, before JAX lowers the step
             donate = _flat_donate(args, self.donate_argnums)
             executable = compile_step(self.fn, args, kwargs, self.options, backend, target, donate)
             self.compile_count += 1

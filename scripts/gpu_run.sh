@@ -71,10 +71,10 @@ fi
 if [[ " $parts " == *" dispatch "* ]]; then
   for dtype in ${STEP_DTYPES:-float32 bfloat16}; do
     timeout 300 python3 benchmarks/dispatch.py --dtype $dtype --rounds ${DISPATCH_ROUNDS:-40} 2>/dev/null \
-      | grep ratio || echo "dispatch $dtype failed"
+      | grep -E "ratio|launcher" || echo "dispatch $dtype failed"
   done
   timeout 240 python3 benchmarks/dispatch.py --dtype float32 --batch 1 --seq 64 --rounds 100 --label probe 2>/dev/null \
-    | grep ratio || echo "dispatch probe failed"
+    | grep -E "ratio|launcher" || echo "dispatch probe failed"
 fi
 
 python3 benchmarks/summarize.py "$OUT" "$rc"

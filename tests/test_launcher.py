@@ -222,3 +222,55 @@ def test_choice_follows_the_environment(monkeypatch):
     monkeypatch.setenv("JNOVA_LAUNCHER", "cublas")
     with pytest.raises(ValueError, match="expected 'jnova' or 'jaxlib'"):
         launcher.choice()
+
+
+def test_bootstrap_registers_the_handler_through_a_call(host, rng):
+    """jaxlib's Python registration takes no record stage, so on CUDA the launcher registers itself,
+    every stage, through the FFI API of a call it runs once. Here the same path on XLA's CPU backend."""
+    lib, driver = host
+    target = "jnova_launch_host_bootstrapped"
+    lib.bootstrap(target, "cpu", bootstrap="jnova_launch_bootstrap_host_test")
+    assert lib.lib.jnova_bootstrap_status() == 1
+    kernel_id = register(lib, "mock_add", "// add, bootstrap test")
+    a, b = (rng.standard_normal(384).astype(np.float32) for _ in range(2))
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((384,), jnp.float32))
+    launches = lib.counts()["launches"]
+    out = jax.jit(lambda x, y: call(x, y, kernel_id=np.uint64(kernel_id),
+                                    launch=np.array([3, 1, 1, 128, 1, 1, 0], np.int64)))(a, b)
+    np.testing.assert_array_equal(np.asarray(out), a + b)
+    assert last_launch(driver) == [3, 1, 1, 128, 1, 1, 0] and lib.counts()["launches"] == launches + 1
+
+
+def test_launch_counts(host, rng):
+    lib, _ = host
+    kernel_id = register(lib, "mock_add", "// add, count test")
+    a, b = (rng.standard_normal(128).astype(np.float32) for _ in range(2))
+    before = lib.counts()
+    launch(kernel_id, jax.ShapeDtypeStruct((128,), jnp.float32), a, b, geometry=[1, 1, 1, 128, 1, 1, 0])
+    after = lib.counts()
+    assert after["launches"] == before["launches"] + 1
+    assert after["record_creates"] == before["record_creates"]  # XLA's CPU backend records nothing
+
+
+RECORD_HEADER = Path(jax.ffi.include_dir(), "xla", "ffi", "api", "record_c_api.h")
+
+
+@pytest.mark.skipif(not RECORD_HEADER.exists(), reason="this jaxlib's FFI has no record stage (jaxlib < 0.11)")
+def test_record_stage_creates_and_updates_one_kernel_node(tmp_path):
+    """The record stage against a stand-in for XLA's record API (tests/data/record_harness.c): create
+    hands XLA the registered PTX, the geometry and the buffers in order; update the same command with
+    the buffers' new addresses; bad buffers, another extension version, a full command list and the
+    wrong stage are refused."""
+    lib_path = launcher.build((launcher.HOST_TEST,))
+    assert launcher.Launcher(lib_path).has_record_stage
+    harness = tmp_path / "record_harness"
+    subprocess.run([launcher.compiler(), "-O1", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", jax.ffi.include_dir(),
+                    str(MOCK_SOURCE.with_name("record_harness.c")), "-o", str(harness), "-ldl"], check=True)
+    # A fresh process: the library's counters start at zero.
+    done = subprocess.run([str(harness), str(lib_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_record_stage_is_built_where_the_headers_have_it():
+    lib = launcher.Launcher(launcher.build((launcher.HOST_TEST,)), driver="/nonexistent/libcuda.so.1")
+    assert lib.has_record_stage == RECORD_HEADER.exists()

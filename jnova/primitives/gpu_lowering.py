@@ -79,7 +79,8 @@ def lower_gpu_kernel(ctx, *args, kernel: KernelHandle):
     if launcher.choice() == "jnova":
         kernel_id = _register(launch)
         geometry = np.array([*launch.grid, *launch.block, launch.shared_mem_bytes], np.int64)
-        rule = jax.ffi.ffi_lowering(launcher.TARGET, api_version=4, operand_output_aliases=aliases or None)
+        target = launcher.call_target(launcher.load())
+        rule = jax.ffi.ffi_lowering(target, api_version=4, operand_output_aliases=aliases or None)
         return rule(ctx, *args, kernel_id=np.uint64(kernel_id), launch=geometry)
     opaque = _opaque(launch, len(ctx.avals_in) + len(ctx.avals_out))
     rule = jax.ffi.ffi_lowering(TARGET, api_version=4, operand_output_aliases=aliases or None)

@@ -18,6 +18,12 @@
  *   launch     i64[7] array        grid x, y, z, block x, y, z, dynamic shared memory bytes
  * Buffers are the operands then the results, one pointer parameter each, 16-byte aligned.
  *
+ * Where the jaxlib has the FFI record stage (record_c_api.h, jaxlib 0.11), the handler also records
+ * its launch into XLA's command buffer itself: a kernel node that XLA creates and updates like its
+ * own kernels' (a captured launch is a child graph, updated as one, at several times the host cost).
+ * jaxlib's Python registration takes no record stage, so that handler is registered through the
+ * FFI API of a running call: jnova_bootstrap, a call jnova runs once a process, registers it.
+ *
  * The CUDA driver is opened with dlopen at jnova_launcher_init, so building needs no CUDA headers
  * and a machine without a GPU can build, load and register (it cannot launch).
  */
@@ -31,6 +37,20 @@
 #include <string.h>
 
 #include "xla/ffi/api/c_api.h"
+
+/* The record stage, where the headers have it in the one version this code is written against (the
+ * API is still changing upstream; another version builds without it, and launches are captured). */
+#if defined(__has_include)
+#if __has_include("xla/ffi/api/record_c_api.h")
+#include "xla/ffi/api/record_c_api.h"
+#if XLA_FFI_Extension_Record_MajorVersion == 0 && XLA_FFI_Extension_Record_MinorVersion == 1
+#define JNOVA_RECORD 1
+#endif
+#endif
+#endif
+#ifndef JNOVA_RECORD
+#define JNOVA_RECORD 0
+#endif
 
 /* ------------------------------------------------------------------ the CUDA driver, by dlopen */
 typedef int CUresult;
@@ -112,7 +132,7 @@ typedef struct {
 static _Atomic(Kernel*) table[TABLE_SIZE];
 static int num_kernels;
 static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
-static atomic_long num_module_loads;
+static atomic_long num_module_loads, num_launches, num_record_creates, num_record_updates;
 
 static Kernel* find(uint64_t id) {
   for (uint64_t i = 0; i < TABLE_SIZE; ++i) {
@@ -161,6 +181,17 @@ int jnova_is_registered(uint64_t id) { return find(id) != NULL; }
 
 /* Modules loaded so far (all kernels, all contexts): a kernel loads once per context. */
 long jnova_module_loads(void) { return atomic_load(&num_module_loads); }
+
+/* What the handler has done so far: launches by the execute stage (captured ones included), kernel
+ * nodes created and updated by the record stage. */
+void jnova_counts(long out[3]) {
+  out[0] = atomic_load(&num_launches);
+  out[1] = atomic_load(&num_record_creates);
+  out[2] = atomic_load(&num_record_updates);
+}
+
+/* 1 when this build has the record stage. */
+int jnova_has_record_stage(void) { return JNOVA_RECORD; }
 
 /* ------------------------------------------------------------------ the FFI handler */
 static XLA_FFI_Error* error(const XLA_FFI_Api* api, XLA_FFI_Error_Code code, const char* message) {
@@ -247,7 +278,8 @@ typedef struct {
   CUfunction function;
 } Call;
 
-static XLA_FFI_Error* resolve(XLA_FFI_CallFrame* frame, Call* call) {
+/* The call's kernel and launch geometry, from its attributes. */
+static XLA_FFI_Error* decode(XLA_FFI_CallFrame* frame, Call* call) {
   const XLA_FFI_Api* api = frame->api;
   const XLA_FFI_Scalar* kernel_id = NULL;
   const XLA_FFI_Array* launch = NULL;
@@ -272,6 +304,14 @@ static XLA_FFI_Error* resolve(XLA_FFI_CallFrame* frame, Call* call) {
              "jnova lowers the step (a serialized executable needs the step lowered again)", id);
     return error(api, XLA_FFI_Error_Code_NOT_FOUND, message);
   }
+  return NULL;
+}
+
+/* decode(), then the stream and the kernel's function in the stream's context. */
+static XLA_FFI_Error* resolve(XLA_FFI_CallFrame* frame, Call* call) {
+  const XLA_FFI_Api* api = frame->api;
+  XLA_FFI_Error* err = decode(frame, call);
+  if (err != NULL) return err;
   if (cu.launch_kernel == NULL)
     return error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION,
                  "jnova launcher: the CUDA driver was not opened (jnova_launcher_init)");
@@ -279,7 +319,7 @@ static XLA_FFI_Error* resolve(XLA_FFI_CallFrame* frame, Call* call) {
   call->stream = NULL;
 #ifndef JNOVA_LAUNCHER_HOST_TEST  /* tests run this handler on XLA's CPU backend, which has no stream */
   XLA_FFI_Stream_Get_Args stream_args = {XLA_FFI_Stream_Get_Args_STRUCT_SIZE, NULL, frame->ctx, NULL};
-  XLA_FFI_Error* err = api->XLA_FFI_Stream_Get(&stream_args);
+  err = api->XLA_FFI_Stream_Get(&stream_args);
   if (err != NULL) return err;
   call->stream = stream_args.stream;
 #endif
@@ -337,7 +377,9 @@ XLA_FFI_Error* jnova_launch(XLA_FFI_CallFrame* frame) {
   return err;
 }
 
-static XLA_FFI_Error* launch(XLA_FFI_CallFrame* frame, const Call* call, int64_t num_params, void** params) {
+/* The call's buffers, operands then results: `pointers[i]` is buffer i's device address. Every one
+ * must be a buffer, 16-byte aligned. */
+static XLA_FFI_Error* buffers(XLA_FFI_CallFrame* frame, const Kernel* k, int64_t num_params, void** pointers) {
   const XLA_FFI_Api* api = frame->api;
   uintptr_t misaligned = 0;
   for (int64_t i = 0; i < num_params; ++i) {
@@ -346,17 +388,147 @@ static XLA_FFI_Error* launch(XLA_FFI_CallFrame* frame, const Call* call, int64_t
     if (is_arg ? frame->args.types[j] != XLA_FFI_ArgType_BUFFER : frame->rets.types[j] != XLA_FFI_RetType_BUFFER)
       return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "jnova launcher: every operand and result is a buffer");
     XLA_FFI_Buffer* buffer = is_arg ? frame->args.args[j] : frame->rets.rets[j];
-    params[i] = &buffer->data;  /* the kernel's parameter is the pointer: cuLaunchKernel reads it here */
+    pointers[i] = buffer->data;
     misaligned |= (uintptr_t)buffer->data;
   }
   if (misaligned & 15) {
     char message[256];
-    snprintf(message, sizeof message, "jnova kernel %s: a buffer is not 16-byte aligned", call->kernel->name);
+    snprintf(message, sizeof message, "jnova kernel %s: a buffer is not 16-byte aligned", k->name);
     return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, message);
   }
-  const int64_t* g = call->geometry;
-  CUresult r = cu.launch_kernel(call->function, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2], (unsigned)g[3],
-                                (unsigned)g[4], (unsigned)g[5], (unsigned)g[6], call->stream, params, NULL);
-  if (r != 0) return driver_error(api, r, "cuLaunchKernel", call->kernel);
   return NULL;
+}
+
+static XLA_FFI_Error* launch(XLA_FFI_CallFrame* frame, const Call* call, int64_t num_params, void** params) {
+  /* The kernel's parameter i is buffer i's pointer, which cuLaunchKernel reads through params[i]. */
+  void* stack_pointers[STACK_PARAMS];
+  void** pointers = num_params <= STACK_PARAMS ? stack_pointers : malloc(num_params * sizeof(void*));
+  if (pointers == NULL)
+    return error(frame->api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "jnova launcher: out of memory");
+  XLA_FFI_Error* err = buffers(frame, call->kernel, num_params, pointers);
+  if (err == NULL) {
+    for (int64_t i = 0; i < num_params; ++i) params[i] = &pointers[i];
+    const int64_t* g = call->geometry;
+    CUresult r = cu.launch_kernel(call->function, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2], (unsigned)g[3],
+                                  (unsigned)g[4], (unsigned)g[5], (unsigned)g[6], call->stream, params, NULL);
+    if (r != 0) err = driver_error(frame->api, r, "cuLaunchKernel", call->kernel);
+    else atomic_fetch_add_explicit(&num_launches, 1, memory_order_relaxed);
+  }
+  if (pointers != stack_pointers) free(pointers);
+  return err;
+}
+
+#if JNOVA_RECORD
+/* The record stage: XLA is creating or updating the command buffer (a CUDA graph) the call belongs
+ * to. Create: one kernel node from the kernel's PTX (XLA loads it once per executor, keyed by the
+ * image's address, which the table keeps for the process), after the nodes XLA says it depends on.
+ * Update: the node's buffers, when their addresses changed. XLA does the rest as for its own kernels. */
+XLA_FFI_Error* jnova_launch_record(XLA_FFI_CallFrame* frame) {
+  int done;
+  XLA_FFI_Error* err = prologue(frame, XLA_FFI_ExecutionStage_RECORD, &done);
+  if (done) return err;
+  const XLA_FFI_Api* api = frame->api;
+  XLA_FFI_InvokeContext_FindExtension_Args find = {XLA_FFI_InvokeContext_FindExtension_Args_STRUCT_SIZE, NULL,
+                                                   frame->ctx, XLA_FFI_Extension_Record, NULL};
+  if ((err = api->XLA_FFI_InvokeContext_FindExtension(&find)) != NULL) return err;
+  if (find.extension == NULL)
+    return error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, "jnova launcher: record stage without a record extension");
+  if (find.extension->id.major_version != XLA_FFI_Extension_Record_MajorVersion ||
+      find.extension->id.minor_version != XLA_FFI_Extension_Record_MinorVersion) {
+    char message[256];
+    snprintf(message, sizeof message,
+             "jnova launcher: XLA's record extension is version %d.%d, the launcher was built for %d.%d "
+             "(JNOVA_LAUNCHER_RECORD=0 launches without it)", (int)find.extension->id.major_version,
+             (int)find.extension->id.minor_version, XLA_FFI_Extension_Record_MajorVersion,
+             XLA_FFI_Extension_Record_MinorVersion);
+    return error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, message);
+  }
+  XLA_FFI_RecordFrame* record = ((const XLA_FFI_Record_Extension*)find.extension)->record_frame;
+
+  Call call;
+  if ((err = decode(frame, &call)) != NULL) return err;
+  int64_t num_params = frame->args.size + frame->rets.size;
+  if (num_params > MAX_PARAMS)
+    return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "jnova launcher: more than 4096 buffers");
+  void* stack_pointers[STACK_PARAMS];
+  XLA_FFI_KernelArg stack_args[STACK_PARAMS];
+  int on_heap = num_params > STACK_PARAMS;
+  void** pointers = on_heap ? malloc(num_params * sizeof(void*)) : stack_pointers;
+  XLA_FFI_KernelArg* args = on_heap ? malloc(num_params * sizeof(XLA_FFI_KernelArg)) : stack_args;
+  if (pointers == NULL || args == NULL) {
+    err = error(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "jnova launcher: out of memory");
+    goto done;
+  }
+  if ((err = buffers(frame, call.kernel, num_params, pointers)) != NULL) goto done;
+  for (int64_t i = 0; i < num_params; ++i)
+    args[i] = (XLA_FFI_KernelArg){pointers[i], 0, XLA_FFI_KernelArgType_DevicePtr};
+  XLA_FFI_KernelArgs kernel_args = {args, num_params};
+  const Kernel* k = call.kernel;
+  const int64_t* g = call.geometry;
+  if (record->action == XLA_FFI_RecordAction_Create) {
+    if (*record->num_commands >= record->max_commands) {
+      err = error(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "jnova launcher: no room for the launch's command");
+      goto done;
+    }
+    XLA_FFI_LaunchDims dims = {{(int32_t)g[0], (int32_t)g[1], (int32_t)g[2]},
+                               {(int32_t)g[3], (int32_t)g[4], (int32_t)g[5]}, {0, 0, 0}};
+    const XLA_FFI_Command* command = NULL;
+    err = record->api->create_launch(record->record_ctx, k->name, k->image, (int64_t)k->image_size,
+                                     XLA_FFI_SourceFormat_PTX, dims, (uint32_t)g[6], /*uses_pdl=*/0,
+                                     &kernel_args, NULL, 0, &command);
+    if (err == NULL && command == NULL)
+      err = error(api, XLA_FFI_Error_Code_INTERNAL, "jnova launcher: XLA created no command for the launch");
+    if (err == NULL) {
+      record->commands[(*record->num_commands)++] = command;
+      atomic_fetch_add_explicit(&num_record_creates, 1, memory_order_relaxed);
+    }
+  } else {
+    if (*record->num_commands != 1) {
+      err = error(api, XLA_FFI_Error_Code_INTERNAL, "jnova launcher: update of a call that did not record one command");
+      goto done;
+    }
+    err = record->api->update_launch(record->record_ctx, record->commands[0], &kernel_args);
+    if (err == NULL) atomic_fetch_add_explicit(&num_record_updates, 1, memory_order_relaxed);
+  }
+done:
+  if (on_heap) free(pointers), free(args);
+  return err;
+}
+#endif
+
+/* ------------------------------------------------------------------ registration through a call */
+static char bootstrap_target[64], bootstrap_platform[32];
+static atomic_int bootstrap_status;  /* 0 not run, 1 registered, -1 failed (reason in init_error) */
+
+/* What jnova_bootstrap registers: the launcher as `target` for `platform` ("CUDA"; "Host" in tests). */
+void jnova_bootstrap_configure(const char* target, const char* platform) {
+  snprintf(bootstrap_target, sizeof bootstrap_target, "%s", target);
+  snprintf(bootstrap_platform, sizeof bootstrap_platform, "%s", platform);
+}
+
+int jnova_bootstrap_status(void) { return atomic_load(&bootstrap_status); }
+
+/* An FFI call whose only effect is to register the launcher, with every stage it has, through the
+ * FFI API XLA hands its calls (jaxlib's Python registration takes no record stage). Runs once. */
+XLA_FFI_Error* jnova_bootstrap(XLA_FFI_CallFrame* frame) {
+  if (frame->extension_start != NULL && frame->extension_start->type == XLA_FFI_Extension_Metadata)
+    return populate_metadata(frame->api, (XLA_FFI_Metadata_Extension*)frame->extension_start);
+  pthread_mutex_lock(&mutex);
+  XLA_FFI_Error* err = NULL;
+  if (atomic_load(&bootstrap_status) == 0) {
+    XLA_FFI_Handler_Bundle bundle = {0};
+    bundle.initialize = jnova_launch_initialize;
+    bundle.execute = jnova_launch;
+#if JNOVA_RECORD
+    bundle.record = jnova_launch_record;
+#endif
+    XLA_FFI_Handler_Register_Args args = {XLA_FFI_Handler_Register_Args_STRUCT_SIZE, NULL,
+                                          {bootstrap_target, strlen(bootstrap_target)},
+                                          {bootstrap_platform, strlen(bootstrap_platform)},
+                                          bundle, XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE};
+    err = frame->api->XLA_FFI_Handler_Register(&args);
+    atomic_store(&bootstrap_status, err == NULL ? 1 : -1);
+  }
+  pthread_mutex_unlock(&mutex);
+  return err;
 }

@@ -12,6 +12,13 @@ driver is opened with dlopen. Without a C compiler jnova uses jaxlib's PTX kerne
 warning. `JNOVA_LAUNCHER=jaxlib` asks for jaxlib's call; `JNOVA_LAUNCHER=jnova` makes a build
 failure an error.
 
+Where jaxlib's FFI has the record stage (jaxlib 0.11), the launcher records each launch into XLA's
+command buffers as a kernel node of its own, which XLA updates like its own kernels, instead of
+being captured as a child graph; jaxlib's Python registration takes no record stage, so jnova runs
+one bootstrap call on the GPU that registers the launcher through XLA's FFI API (`mode` says which
+way it went). `JNOVA_LAUNCHER_RECORD=0` when a step is lowered makes its launches captured ones (the
+same handler, registered without the record stage as `jnova_launch_captured`).
+
 A lowered step registers its kernels in this process; an executable serialized by one process and
 deserialized in another without lowering the step there fails with a clear "not registered" error.
 """
@@ -36,6 +43,10 @@ from jnova.errors import CompileError
 log = logging.getLogger("jnova.launcher")
 
 TARGET = "jnova_launch"
+CAPTURED_TARGET = "jnova_launch_captured"  # the same handler without its record stage (beside it)
+BOOTSTRAP = "jnova_launch_bootstrap"
+# jax's platform name -> (the name jax.ffi.register_ffi_target takes, the FFI registry's)
+XLA_PLATFORMS = {"cuda": ("CUDA", "CUDA"), "cpu": ("cpu", "Host")}
 SOURCE = Path(__file__).with_name("launcher.c")
 FLAGS = ("-O2", "-std=c11", "-shared", "-fPIC", "-Wall")
 LIBS = ("-ldl", "-lpthread")
@@ -117,6 +128,10 @@ class Launcher:
         self.lib.jnova_register.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
         self.lib.jnova_is_registered.argtypes = [ctypes.c_uint64]
         self.lib.jnova_module_loads.restype = ctypes.c_long
+        self.lib.jnova_counts.argtypes = [ctypes.c_long * 3]
+        self.lib.jnova_bootstrap_configure.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        self.has_record_stage = bool(self.lib.jnova_has_record_stage())
+        self.mode = None  # how it is registered with XLA for CUDA: "record", "capture" or None (not)
         # No driver (a machine without a GPU) still registers kernels and lowers steps; a launch then
         # fails with the reason.
         self.driver_status = self.lib.jnova_launcher_init(driver.encode())  # 0, -1 no driver, -2 unusable
@@ -144,6 +159,31 @@ class Launcher:
 
     def module_loads(self) -> int:
         return int(self.lib.jnova_module_loads())
+
+    def counts(self) -> dict:
+        """What the handler has done in this process: launches by the execute stage (captured ones
+        included), kernel nodes created and updated by the record stage, modules loaded."""
+        out = (ctypes.c_long * 3)()
+        self.lib.jnova_counts(out)
+        return {"launches": out[0], "record_creates": out[1], "record_updates": out[2],
+                "module_loads": self.module_loads()}
+
+    def bootstrap(self, target: str, platform: str, bootstrap: str = BOOTSTRAP) -> None:
+        """Register the handler, every stage it has (the record stage included), as `target` for jax's
+        `platform`: registers and runs the one-off call `bootstrap`, which registers it through the FFI
+        API XLA passes its calls. Raises RuntimeError when the registration fails."""
+        import jax.numpy as jnp
+
+        jax_platform, ffi_platform = XLA_PLATFORMS[platform]
+        self.lib.jnova_bootstrap_configure(target.encode(), ffi_platform.encode())
+        jax.ffi.register_ffi_target(bootstrap, {"execute": jax.ffi.pycapsule(self.lib.jnova_bootstrap)},
+                                    platform=jax_platform, api_version=1)
+        call = jax.ffi.ffi_call(bootstrap, jax.ShapeDtypeStruct((), jnp.uint8))
+        with jax.default_device(jax.devices(platform)[0]):
+            jax.block_until_ready(jax.jit(call)())
+        if self.lib.jnova_bootstrap_status() != 1:
+            raise RuntimeError(f"the bootstrap call did not register {target} (status "
+                               f"{self.lib.jnova_bootstrap_status()})")
 
 
 def kernel_id(name: str, ptx: str) -> int:
@@ -177,11 +217,40 @@ def _load() -> Launcher | None:
         warnings.warn(f"jnova's kernel launcher cannot use this CUDA driver, using jaxlib's PTX kernel call: "
                       f"{launcher.driver_error}", RuntimeWarning, stacklevel=3)
         return None
-    try:
-        jax.ffi.register_ffi_target(TARGET, launcher.handler(), platform="CUDA", api_version=1)
-    except Exception as e:  # a CPU-only jaxlib may know no CUDA platform: steps still lower ahead of time
-        log.info("jnova: launcher not registered with XLA for CUDA (%s)", e)
+    launcher.mode = _register_with_xla(launcher)
     if launcher.driver_error:
         log.info("jnova: launcher has no CUDA driver here (%s); it can lower steps, not launch them",
                  launcher.driver_error)
     return launcher
+
+
+def _register_with_xla(launcher: Launcher) -> str | None:
+    """Register the launcher for CUDA: with its record stage where it has one and a GPU is here
+    ("record"), else through jaxlib with the stages it takes ("capture"); None where this jaxlib has
+    no CUDA (steps still lower ahead of time)."""
+    if _record_wanted() and launcher.has_record_stage and launcher.driver_status == 0:
+        try:
+            launcher.bootstrap(TARGET, "cuda")
+            jax.ffi.register_ffi_target(CAPTURED_TARGET, launcher.handler(), platform="CUDA", api_version=1)
+            log.info("jnova: launcher registered for CUDA with its record stage")
+            return "record"
+        except Exception as e:  # no CUDA device, or XLA refused: launches are captured instead
+            log.info("jnova: launcher not registered with its record stage (%s); launches are captured", e)
+    try:
+        jax.ffi.register_ffi_target(TARGET, launcher.handler(), platform="CUDA", api_version=1)
+    except Exception as e:  # a CPU-only jaxlib may know no CUDA platform: steps still lower ahead of time
+        log.info("jnova: launcher not registered with XLA for CUDA (%s)", e)
+        return None
+    return "capture"
+
+
+def _record_wanted() -> bool:
+    return os.environ.get("JNOVA_LAUNCHER_RECORD", "1").strip() != "0"
+
+
+def call_target(launcher: Launcher) -> str:
+    """The custom-call target a step lowered now launches through: the launcher with its record stage,
+    unless JNOVA_LAUNCHER_RECORD=0 asks for captured launches where it has one."""
+    if launcher.mode == "record" and not _record_wanted():
+        return CAPTURED_TARGET
+    return TARGET

@@ -78,3 +78,33 @@ def test_transposed_tf32_operand_matches_float64():
     assert "a=row b=col" in compiled.lower(x, w, b).as_text("launches")
     want = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + b, 0)
     np.testing.assert_allclose(got, want, rtol=0, atol=4 * 2.0**-10 * np.sqrt(768.0) * 2)
+
+
+def test_steps_recorded_as_kernel_nodes_match_jit_as_buffers_move():
+    """Where jaxlib's FFI has the record stage (jaxlib 0.11), jnova's launches are recorded into XLA's
+    command buffers as kernel nodes and updated when the buffers move: a step called on new inputs
+    each time (kept alive, so their addresses differ), results against jax.jit every time."""
+    from jnova.runtime import launcher
+
+    step, params, state, ids = tiny.setup(batch=4, seq=65, d=64)
+    compiled = jnova.compile(step)
+    lib = launcher.load()
+    if not lib.has_record_stage:
+        pytest.skip("this jaxlib's FFI has no record stage")
+    assert lib.mode == "record"
+    before = lib.counts()
+    rng = np.random.default_rng()
+    kept = []
+    for i in range(4):
+        params_i = jax.tree.map(lambda p: p + np.float32(0.01) * rng.standard_normal(p.shape, np.float32), params)
+        got = compiled(params_i, state, ids)
+        kept.append((params_i, got))
+        with jax.default_matmul_precision("float32"):
+            want = jax.jit(step)(params_i, state, ids)
+        rtol = 4 * 2.0**-10
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol,
+                                       atol=rtol * (np.abs(np.asarray(b)).max() + 1e-6))
+    after = lib.counts()
+    assert after["record_creates"] > before["record_creates"], (before, after)
+    assert after["record_updates"] > before["record_updates"], (before, after)

@@ -61,19 +61,20 @@ class Executable:
     texts: dict[str, str]         # stage name -> IR text (the "jaxpr" stage is printed when asked for)
     times: dict[str, float] = field(default_factory=dict)
     cache_hit: str | None = None  # None, "memory" (same structure in this process) or "disk"
-    prepared: bool = False        # the jitted step lowered and compiled by XLA (`prepare`)
+    call: Callable | None = None  # jax's compiled step, called with the user's pytrees (`prepare`)
 
-    def prepare(self, flat_args) -> None:
-        """Lower the jitted step and compile it with XLA, timing both stages ("xla_lower",
-        "xla_compile"), before its first call; the call then finds jax's compiled executable."""
-        if not any(isinstance(x, jax.core.Tracer) for x in flat_args):  # inside a transformation: jax decides
-            with _stage(self.times, "xla_lower"):
-                lowered = self.run.lower(*flat_args)
-            with _stage(self.times, "xla_compile"):
-                lowered.compile()
-            log.info("jnova: XLA lowered the step in %.2f s and compiled it in %.2f s",
-                     self.times["xla_lower"], self.times["xla_compile"])
-        self.prepared = True
+    def prepare(self, args, kwargs, donate_argnums: tuple[int, ...], xla_options: dict | None) -> None:
+        """Lower and compile with XLA (timing "xla_lower" and "xla_compile") the step that takes the
+        arguments as the user passes them: `call`, jax's compiled object, whose C++ dispatch flattens
+        the pytrees and checks their types. Called as `fn` is, it runs `run` (inlined)."""
+        step = _pytree_step(self.run, self.captured.out_tree)
+        jitted = jax.jit(step, donate_argnums=donate_argnums, compiler_options=xla_options)
+        with _stage(self.times, "xla_lower"):
+            lowered = jitted.lower(*args, **kwargs)
+        with _stage(self.times, "xla_compile"):
+            self.call = lowered.compile()
+        log.info("jnova: XLA lowered the step in %.2f s and compiled it in %.2f s",
+                 self.times["xla_lower"], self.times["xla_compile"])
 
     def stats(self) -> dict:
         """Kernels, ops, fallbacks, cache hit and compile time per stage of this signature."""
@@ -183,6 +184,17 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
              len(func.ops), len(plan.kernels), sum(not isinstance(s, Kernel) for s in plan.steps),
              " (cache hit)" if cache_hit else "", sum(times.values()))
     return Executable(run, captured, meta, key, texts, times, "memory" if cache_hit else None)
+
+
+def _pytree_step(run: Callable, out_tree) -> Callable:
+    """`run` (flat arguments, flat results) called with the user's pytrees and returning theirs. The
+    function `run` jits, not `run`: a nested jit may not carry XLA options (jax refuses them)."""
+    flat_step = getattr(run, "__wrapped__", run)
+
+    def step(*args, **kwargs):
+        return jax.tree_util.tree_unflatten(out_tree, flat_step(*jax.tree_util.tree_leaves((args, kwargs))))
+
+    return step
 
 
 def capture_key(captured: Captured, options: Options, target_name: str) -> str:

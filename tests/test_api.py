@@ -11,6 +11,7 @@ from typing import NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.extend import core as jex_core
 from jax.interpreters import mlir
@@ -258,3 +259,29 @@ def test_weakly_typed_array_argument_keeps_jits_dtypes():
     got, want = jnova.compile(scale)(s, y), jax.jit(scale)(s, y)
     assert got.dtype == want.dtype == jnp.bfloat16
     assert_trees_close(got, want)
+
+
+def test_repeat_calls_dispatch_through_jaxs_compiled_step(monkeypatch):
+    """A call with the last call's signature goes straight to jax's compiled step (its C++ dispatch
+    checks the types); another signature, or tracers, take jnova's dispatch, and results stay right."""
+    def f(x, y):
+        return {"s": jnp.tanh(x) * y + 1.0, "t": (x - y).sum()}
+
+    rng = np.random.default_rng()
+    x, y = (jnp.asarray(rng.standard_normal(8), jnp.float32) for _ in range(2))
+    step = jnova.compile(f)
+    assert_trees_close(step(x, y), jax.jit(f)(x, y))
+    dispatched = []
+    slow = step._executable
+    monkeypatch.setattr(step, "_executable", lambda *a, **k: dispatched.append(1) or slow(*a, **k))
+    x2, y2 = x + 1, y * 2  # new values, same signature
+    assert_trees_close(step(x2, y2), jax.jit(f)(x2, y2))
+    assert dispatched == [] and step.compile_count == 1
+    assert_trees_close(step(x[:5], y[:5]), jax.jit(f)(x[:5], y[:5]))  # another signature
+    assert dispatched == [1] and step.compile_count == 2
+    assert_trees_close(step(x2, y2), jax.jit(f)(x2, y2))  # back to the first: dispatched, not recompiled
+    assert len(dispatched) == 2 and step.compile_count == 2
+    traced = jax.jit(lambda a, b: step(a, b)["s"] * 2)(x, y)  # tracers: jnova's dispatch, inside jax.jit
+    np.testing.assert_allclose(np.asarray(traced), np.asarray(2 * (jnp.tanh(x) * y + 1.0)), rtol=1e-6)
+    with pytest.raises(TypeError):
+        step(x)  # a wrong call still fails as jax.jit's would

@@ -274,3 +274,16 @@ def test_record_stage_creates_and_updates_one_kernel_node(tmp_path):
 def test_record_stage_is_built_where_the_headers_have_it():
     lib = launcher.Launcher(launcher.build((launcher.HOST_TEST,)), driver="/nonexistent/libcuda.so.1")
     assert lib.has_record_stage == RECORD_HEADER.exists()
+
+
+def test_record_stage_can_be_turned_off_per_lowering(monkeypatch):
+    """Where the launcher is registered with its record stage, JNOVA_LAUNCHER_RECORD=0 while a step is
+    lowered makes its launches captured ones (the same handler, registered without the record stage)."""
+    lib = launcher.Launcher(launcher.build((launcher.HOST_TEST,)), driver="/nonexistent/libcuda.so.1")
+    monkeypatch.delenv("JNOVA_LAUNCHER_RECORD", raising=False)
+    lib.mode = "record"
+    assert launcher.call_target(lib) == launcher.TARGET
+    monkeypatch.setenv("JNOVA_LAUNCHER_RECORD", "0")
+    assert launcher.call_target(lib) == launcher.CAPTURED_TARGET
+    lib.mode = "capture"  # registered without it: one target, whatever the variable says
+    assert launcher.call_target(lib) == launcher.TARGET

@@ -132,6 +132,36 @@ def test_launch_while_the_stream_is_captured(host, rng):
     np.testing.assert_array_equal(np.asarray(out), b + b)
 
 
+def test_without_an_initialize_stage_modules_load_at_the_first_launch(host, rng):
+    """The handler registered with its record stage has no initialize stage (XLA would run it for every
+    call of every step): a module loads at the kernel's first launch, and a first launch while the
+    stream is captured (the driver cannot load a module then) fails with the reason and the way out."""
+    lib, driver = host
+    target = HOST_TARGET + "_execute_only"
+    jax.ffi.register_ffi_target(target, {"execute": jax.ffi.pycapsule(lib.lib.jnova_launch)}, platform="cpu",
+                                api_version=1)
+    a, b = (rng.standard_normal(128).astype(np.float32) for _ in range(2))
+    shape = jax.ShapeDtypeStruct((128,), jnp.float32)
+
+    def run(kernel_id):
+        call = jax.ffi.ffi_call(target, shape)
+        attrs = {"kernel_id": np.uint64(kernel_id), "launch": np.array([1, 1, 1, 128, 1, 1, 0], np.int64)}
+        return np.asarray(jax.jit(lambda x, y: call(x, y, **attrs))(a, b))
+
+    loads = driver.mock_loads()
+    np.testing.assert_array_equal(run(register(lib, "mock_add", "// add, loaded by its launch")), a + b)
+    assert driver.mock_loads() == loads + 1
+    kernel_id = register(lib, "mock_add", "// add, first launched during capture")
+    driver.mock_set_capturing(1)
+    try:
+        with pytest.raises(Exception, match="not loaded in this context.*JNOVA_LAUNCHER_RECORD=0"):
+            run(kernel_id)
+    finally:
+        driver.mock_set_capturing(0)
+    assert driver.mock_loads() == loads + 1
+    np.testing.assert_array_equal(run(kernel_id), a + b)  # outside capture it loads and runs
+
+
 def test_unregistered_kernel_is_a_clear_error(host):
     x = np.ones(4, np.float32)
     with pytest.raises(Exception, match="is not registered in this process"):

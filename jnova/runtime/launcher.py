@@ -16,7 +16,9 @@ Where jaxlib's FFI has the record stage (jaxlib 0.11), the launcher records each
 command buffers as a kernel node of its own, which XLA updates like its own kernels, instead of
 being captured as a child graph; jaxlib's Python registration takes no record stage, so jnova runs
 one bootstrap call on the GPU that registers the launcher through XLA's FFI API (`mode` says which
-way it went). `JNOVA_LAUNCHER_RECORD=0` when a step is lowered makes its launches captured ones (the
+way it went). Registered that way the handler has no initialize stage, which XLA runs for every call
+before every execution of a step (~1.5 us of host time each, 0.5 ms a GPT-2 step): a kernel's module
+loads at its first launch instead (captured launches keep the stage: no module loads during capture). `JNOVA_LAUNCHER_RECORD=0` when a step is lowered makes its launches captured ones (the
 same handler, registered without the record stage as `jnova_launch_captured`).
 
 A lowered step registers its kernels in this process; an executable serialized by one process and

@@ -65,12 +65,11 @@ class CompiledStep:
         last = self._last
         if last is not None:
             try:
-                return last(*args, **kwargs)
+                return _call_compiled(last, args, kwargs)
+            except _DeletedArgumentError:
+                raise
             except (TypeError, ValueError):  # other types, structure, devices or tracers: jnova's dispatch
                 pass
-            except RuntimeError as e:  # jax's compiled objects say so of a donated argument called again
-                _raise_if_deleted(e)
-                raise
         flat, tree = jax.tree_util.tree_flatten((args, kwargs))
         executable = self._executable(args, kwargs, flat, tree)
         if any(isinstance(x, jax.core.Tracer) for x in flat):  # inside a transformation: jax compiles
@@ -78,18 +77,16 @@ class CompiledStep:
         if executable.call is None:
             executable.prepare(args, kwargs, self.donate_argnums, dict(self.options.xla_options) or None)
         self._last = executable.call
-        try:
-            return executable.call(*args, **kwargs)
-        except RuntimeError as e:
-            _raise_if_deleted(e)
-            raise
+        return _call_compiled(executable.call, args, kwargs)
 
     def stats(self) -> list[dict]:
         """One record per compiled input signature (see `Executable.stats`)."""
         return [e.stats() for e in self._executables.values()]
 
     def lower(self, *args, **kwargs) -> "Lowered":
-        return Lowered(self._executable(args, kwargs))
+        """The compiled stages of the step for these arguments (arrays, or jax.ShapeDtypeStruct), as
+        `jax.jit(fn).lower`: `.as_text(stage)`, `.stats()`, and `.compile()` for XLA's executable."""
+        return Lowered(self._executable(args, kwargs), self, args, kwargs)
 
     def _executable(self, args, kwargs, flat=None, tree=None):
         _configure_logging()
@@ -122,8 +119,21 @@ class Lowered:
     """The stages of one compiled signature: `.as_text(stage)` for "jaxpr", "nova", then "linalg" and
     "llvm" (CPU) or "gpu" and "ptx" (GPU), and "hlo" (the jitted step as XLA sees it)."""
 
-    def __init__(self, executable):
+    def __init__(self, executable, step: CompiledStep | None = None, args=(), kwargs=None):
         self.executable = executable
+        self._step, self._args, self._kwargs = step, args, kwargs or {}
+
+    def compile(self):
+        """Compile the step around jnova's kernels with XLA now (ahead of the first call, as
+        `jax.jit(fn).lower(...).compile()`), and return jax's compiled object for this signature:
+        called with the user's arguments, it runs the step. Calls of the jnova step with this signature
+        then use it."""
+        if self._step is None:
+            raise ValueError("this Lowered was made without the step's arguments; use CompiledStep.lower(*args)")
+        e = self.executable
+        if e.call is None:
+            e.prepare(self._args, self._kwargs, self._step.donate_argnums, dict(self._step.options.xla_options) or None)
+        return e.call
 
     def as_text(self, stage: str = "nova") -> str:
         return self.executable.as_text(stage)
@@ -162,11 +172,20 @@ def _platform_of(flat_args) -> str:
     return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
 
 
-def _raise_if_deleted(e: RuntimeError) -> None:
-    """The ValueError jax.jit raises for an argument whose buffer is gone (donated to an earlier call)."""
-    if "has been deleted" in str(e):
-        raise ValueError(f"an argument's buffer has been deleted or donated (to an earlier call of the step, "
-                         f"with donate_argnums): {e}") from e
+class _DeletedArgumentError(ValueError):
+    """An argument's buffer was deleted or donated: jax.jit raises ValueError for it."""
+
+
+def _call_compiled(call, args, kwargs):
+    """jax's compiled step called; a donated argument used again raises jax.jit's ValueError (jax's
+    compiled objects raise a RuntimeError). Types or structure it does not take raise TypeError."""
+    try:
+        return call(*args, **kwargs)
+    except RuntimeError as e:
+        if "has been deleted" in str(e):
+            raise _DeletedArgumentError(f"an argument's buffer has been deleted or donated (to an earlier call of "
+                                       f"the step, with donate_argnums): {e}") from e
+        raise
 
 
 def _flat_donate(args, donate_argnums) -> tuple[int, ...]:

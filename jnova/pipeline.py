@@ -42,6 +42,7 @@ from jnova.passes.split_contractions import split_contractions
 from jnova.passes.transpose_operands import transpose_operands
 from jnova.primitives import backends
 from jnova.primitives.executor import step_function
+from jnova.runtime import collector
 from jnova.runtime.cache import ARTIFACTS
 from jnova.runtime.disk_cache import open_cache
 from jnova.runtime.dump import StepDump
@@ -69,10 +70,11 @@ class Executable:
         the pytrees and checks their types. Called as `fn` is, it runs `run` (inlined)."""
         step = _pytree_step(self.run, self.captured.out_tree)
         jitted = jax.jit(step, donate_argnums=donate_argnums, compiler_options=xla_options)
-        with _stage(self.times, "xla_lower"):
-            lowered = jitted.lower(*args, **kwargs)
-        with _stage(self.times, "xla_compile"):
-            self.call = lowered.compile()
+        with collector.paused():
+            with _stage(self.times, "xla_lower"):
+                lowered = jitted.lower(*args, **kwargs)
+            with _stage(self.times, "xla_compile"):
+                self.call = lowered.compile()
         log.info("jnova: XLA lowered the step in %.2f s and compiled it in %.2f s",
                  self.times["xla_lower"], self.times["xla_compile"])
 
@@ -117,18 +119,19 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     times: dict[str, float] = {}
     stage = functools.partial(_stage, times)
     target_name = target.name if target is not None else "cpu"
-    with stage("trace"):                # capture: fwd + bwd + update as one jaxpr
-        captured = trace(fn, args, kwargs)
-    disk = open_cache()
-    disk_key = capture_key(captured, options, target_name)
-    entry = disk.load(disk_key) if disk else None
-    if entry is not None:               # compiled by an earlier process: skip the nova pipeline
-        try:
-            return _restore(entry, captured, disk_key, donate, stage, times, options)
-        except Exception as e:  # an entry this jnova cannot use (format, or a bug): recompile
-            warnings.warn(f"jnova: cannot use the cached entry {disk_key[:12]} ({type(e).__name__}: {e}); "
-                          "recompiling", stacklevel=2)
-            disk.discard(disk_key)
+    with collector.paused():            # (tracing allocates ~1M short-lived objects: collector.py)
+        with stage("trace"):            # capture: fwd + bwd + update as one jaxpr
+            captured = trace(fn, args, kwargs)
+        disk = open_cache()
+        disk_key = capture_key(captured, options, target_name)
+        entry = disk.load(disk_key) if disk else None
+        if entry is not None:           # compiled by an earlier process: skip the nova pipeline
+            try:
+                return _restore(entry, captured, disk_key, donate, stage, times, options)
+            except Exception as e:  # an entry this jnova cannot use (format, or a bug): recompile
+                warnings.warn(f"jnova: cannot use the cached entry {disk_key[:12]} ({type(e).__name__}: {e}); "
+                              "recompiling", stacklevel=2)
+                disk.discard(disk_key)
     with stage("to_nova"):              # one nova function; unknown primitives become fallbacks
         program = to_nova(captured, fallback=options.fallback)
     func = program.func

@@ -285,3 +285,25 @@ def test_repeat_calls_dispatch_through_jaxs_compiled_step(monkeypatch):
     assert_trees_close(traced, jax.jit(lambda a, b: f(a, b)["s"] * 2)(x, y))
     with pytest.raises(TypeError):
         step(x)  # a wrong call still fails as jax.jit's would
+
+
+def test_lowered_compile_is_ahead_of_time_and_reused_by_calls():
+    """`step.lower(*args).compile()` compiles with XLA before the first call (as jax.jit's AOT path)
+    and returns a callable of that signature; calls of the step then run it without compiling again."""
+    def f(x, y):
+        return {"s": jnp.tanh(x) * y + 1.0, "t": (x - y).sum()}
+
+    rng = np.random.default_rng()
+    x, y = (jnp.asarray(rng.standard_normal(16), jnp.float32) for _ in range(2))
+    step = jnova.compile(f)
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, y)]
+    lowered = step.lower(*shapes)
+    compiled = lowered.compile()
+    times = step.stats()[0]["compile_s"]
+    assert "xla_compile" in times  # compiled now, before any call
+    assert_trees_close(compiled(x, y), jax.jit(f)(x, y))
+    assert_trees_close(step(x, y), jax.jit(f)(x, y))
+    assert step.stats()[0]["compile_s"]["xla_compile"] == times["xla_compile"] and step.compile_count == 1
+    assert lowered.compile() is compiled
+    with pytest.raises(TypeError):
+        compiled(x[:3], y[:3])  # jax's compiled object is for this signature only

@@ -242,3 +242,5 @@ def test_reusing_a_donated_argument_raises_like_jit():
     step(a)
     with pytest.raises(ValueError, match="deleted or donated"):
         step(a)
+    assert step.compile_count == 1
+    np.testing.assert_array_equal(np.asarray(step(jnp.full(4, 3.0))), np.full(4, 6.0))  # fresh arguments run

@@ -12,7 +12,8 @@ jnova's step is measured up to three times: launching its kernels through jnova'
 default: "jnova"), through the same launcher without its record stage where it has one
 (JNOVA_LAUNCHER_RECORD=0 while it is compiled: "jnova-captured", each launch captured into XLA's
 command buffer as a child graph instead of recorded as a kernel node), and through jaxlib's PTX
-kernel call (JNOVA_LAUNCHER=jaxlib: "jnova-jaxlib"); `--no-jaxlib-launcher` leaves the last out.
+kernel call (JNOVA_LAUNCHER=jaxlib: "jnova-jaxlib"; `--no-jaxlib-launcher` leaves it out). Each
+side's step time (until its results are ready, the GPU idle before) is recorded beside its dispatch.
 Each record names the kernel call its side's lowering chose ("launcher").
 
 `--dtype bfloat16` is jnova's mixed_precision="bf16" against XLA with bf16 contraction operands, as in
@@ -33,13 +34,14 @@ import jax
 from gpt2_step import compile_step, emit, parser, setup
 
 
-def dispatch_seconds(run, args) -> float:
-    """Seconds for `run(*args)` to return, with the GPU idle before the call."""
+def dispatch_seconds(run, args) -> tuple[float, float]:
+    """Seconds for `run(*args)` to return, with the GPU idle before the call, and for its results to
+    be ready (the step's time)."""
     t0 = time.perf_counter()
     out = run(*args)
     t1 = time.perf_counter()
     jax.block_until_ready(out)
-    return t1 - t0
+    return t1 - t0, time.perf_counter() - t0
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -107,14 +109,16 @@ def main():
         runs[side] = run
     print("launchers:", launchers, "launcher counts:", lib.counts() if lib is not None else None)
     times = {side: [] for side in runs}
+    step_times = {side: [] for side in runs}
     ratios = {side: [] for side in runs if side != "xla"}
     orders = itertools.cycle(itertools.permutations(runs))
     for r in range(args.rounds):
         this = {side: dispatch_seconds(runs[side], batch) for side in next(orders)}
-        for side, t in this.items():
+        for side, (t, step_t) in this.items():
             times[side].append(t)
+            step_times[side].append(step_t)
         for side in ratios:
-            ratios[side].append(this[side] / this["xla"])
+            ratios[side].append(this[side][0] / this["xla"][0])
 
     base = {"bench": "dispatch", "case": f"B{args.batch}xT{args.seq}xL{args.layers}", "dtype": args.dtype,
             "device": jax.devices()[0].device_kind, "date": datetime.date.today().isoformat(),
@@ -126,6 +130,9 @@ def main():
     records = [{**base, "impl": impl, "metric": "dispatch_ms", "launcher": launchers.get(impl, "xla"),
                 "value": round(statistics.median(ts) * 1e3, 3),
                 "quartiles_ms": [round(q * 1e3, 3) for q in quartiles(ts)]} for impl, ts in times.items()]
+    records += [{**base, "impl": impl, "metric": "step_ms", "launcher": launchers.get(impl, "xla"),
+                 "value": round(statistics.median(ts) * 1e3, 3),
+                 "quartiles_ms": [round(q * 1e3, 3) for q in quartiles(ts)]} for impl, ts in step_times.items()]
     records += [{**base, "impl": f"{side}/xla", "metric": "dispatch_ratio", "launcher": launchers[side],
                  "value": round(statistics.median(rs), 3), "quartiles": [round(q, 3) for q in quartiles(rs)]}
                 for side, rs in ratios.items()]

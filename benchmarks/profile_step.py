@@ -27,14 +27,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpt2_step import compile_step, parser, setup  # noqa: E402
 
 
-def kernel_times(trace_dir: str) -> tuple[dict[str, float], dict[str, int], list[str]]:
-    """(GPU microseconds per kernel name, launches per name, the GPU threads seen) of a Perfetto trace."""
+def trace_steps(run, batch, steps: int, warmup: int = 2) -> str:
+    """The folder of a Perfetto trace of `steps` calls of `run(*batch)`, after `warmup` untraced calls."""
+    for _ in range(warmup):
+        jax.block_until_ready(run(*batch))
+    trace_dir = tempfile.mkdtemp()
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        for _ in range(steps):
+            jax.block_until_ready(run(*batch))
+    return trace_dir
+
+
+def trace_events(trace_dir: str) -> tuple[list[dict], dict, dict]:
+    """(events, process names by pid, thread names by (pid, tid)) of the Perfetto trace in `trace_dir`."""
     (path,) = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
     events = json.load(gzip.open(path))
     events = events["traceEvents"] if isinstance(events, dict) else events
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    return events, processes, threads
+
+
+def kernel_times(trace_dir: str) -> tuple[dict[str, float], dict[str, int], list[str]]:
+    """(GPU microseconds per kernel name, launches per name, the GPU threads seen) of a Perfetto trace."""
+    events, processes, threads = trace_events(trace_dir)
     gpu = {pid for pid, name in processes.items() if "GPU" in name or "gpu" in name}
     streams = {key for key, name in threads.items() if key[0] in gpu and "stream" in name.lower()}
     times, counts = collections.Counter(), collections.Counter()
@@ -68,13 +85,7 @@ def main():
     if compiled is not None:
         lowered = compiled.lower(*batch)
         family = families(lowered.as_text("launches")) if lowered.stats()["backend"] == "gpu" else {}
-    for _ in range(2):
-        jax.block_until_ready(run(*batch))
-    trace_dir = tempfile.mkdtemp()
-    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-        for _ in range(args.steps):
-            jax.block_until_ready(run(*batch))
-    times, counts, streams = kernel_times(trace_dir)
+    times, counts, streams = kernel_times(trace_steps(run, batch, args.steps))
     total = sum(times.values()) / args.steps
     rows = sorted(times.items(), key=lambda kv: -kv[1])
     by_family = collections.Counter()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test and the GPU benchmarks, on the GPU machine, from the repo root:
-#   OUT=<results dir> bash scripts/gpu_run.sh [tests] [differential] [matmul] [bench] [dispatch] [profile]
+#   OUT=<results dir> bash scripts/gpu_run.sh [tests] [differential] [matmul] [bench] [dispatch] [profile] [hostprofile]
 # (no argument: tests differential matmul bench dispatch). TESTS=<pytest paths> narrows the tests part,
-# MATMUL_ARGS are passed to benchmarks/matmul.py, STEP_DTYPES (default "float32 bfloat16") to the steps.
+# MATMUL_ARGS are passed to benchmarks/matmul.py, DISPATCH_ARGS to benchmarks/dispatch.py, STEP_DTYPES (default "float32 bfloat16") to the steps.
 # A device call runs at most 10 minutes, so the parts can go in separate calls (same $OUT layout). Set
 # JNOVA_SHA=<commit> for the records: a copied tree's git metadata may name an older commit.
 # Needs .gpu-pack/mlir-py312.tar.xz (bash ../shared/tools/pack-mlir-py312.sh .gpu-pack: the MLIR bindings
@@ -17,6 +17,8 @@
 #   dispatch:     dispatch.jsonl (benchmarks/dispatch.py: host dispatch of the GPT-2 step, jnova and XLA
 #                 interleaved in one process; f32 and bf16 at 8 x 1024 tokens, f32 at 1 x 64)
 #   profile:      profile-{jnova,xla}-float32.json (benchmarks/profile_step.py: GPU time per kernel family)
+#   hostprofile:  host_profile.json (benchmarks/host_profile.py: host time per event of a step, jnova and XLA,
+#                 at 1 x 64 tokens where dispatch is most of the step)
 #   gpu-summary.json (benchmarks/summarize.py) after each part.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -70,11 +72,15 @@ fi
 
 if [[ " $parts " == *" dispatch "* ]]; then
   for dtype in ${STEP_DTYPES:-float32 bfloat16}; do
-    timeout 300 python3 benchmarks/dispatch.py --dtype $dtype --rounds ${DISPATCH_ROUNDS:-40} 2>/dev/null \
+    timeout 300 python3 benchmarks/dispatch.py --dtype $dtype --rounds ${DISPATCH_ROUNDS:-40} ${DISPATCH_ARGS:-} 2>/dev/null \
       | grep -E "ratio|launcher" || echo "dispatch $dtype failed"
   done
   timeout 240 python3 benchmarks/dispatch.py --dtype float32 --batch 1 --seq 64 --rounds 100 --label probe 2>/dev/null \
     | grep -E "ratio|launcher" || echo "dispatch probe failed"
+fi
+
+if [[ " $parts " == *" hostprofile "* ]]; then
+  timeout 240 python3 benchmarks/host_profile.py --dtype float32 2>&1 | grep -v -i warning | tail -70
 fi
 
 python3 benchmarks/summarize.py "$OUT" "$rc"

@@ -96,6 +96,7 @@ def plan_to_json(plan: Plan) -> dict:
     This is what the executor runs and what the persistent cache stores: it needs no nova IR.
     """
     ids: dict[Value, int] = {v: i for i, v in enumerate(plan.func.args)}
+    order = {op: i for i, op in enumerate(plan.func.ops)}
     for op in plan.func.ops:
         for r in op.results:
             ids[r] = len(ids)
@@ -106,11 +107,24 @@ def plan_to_json(plan: Plan) -> dict:
                           "out_types": [[list(step.outputs[0].type.shape), step.outputs[0].type.dtype]]})
         elif isinstance(step, Kernel):
             steps.append({"kernel": step.name, "in": [ids[v] for v in step.inputs], "out": [ids[v] for v in step.outputs],
-                          "out_types": [[list(v.type.shape), v.type.dtype] for v in step.outputs]})
+                          "out_types": [[list(v.type.shape), v.type.dtype] for v in step.outputs],
+                          "deps": output_inputs(step, order)})
         else:
             steps.append({"fallback": step.attrs["primitive"], "site": step.attrs["site"],
                           "in": [ids[v] for v in step.operands], "out": [ids[v] for v in step.results]})
     return {"num_args": len(plan.func.args), "steps": steps, "returns": [ids[v] for v in plan.func.returns]}
+
+
+def output_inputs(kernel: Kernel, order: dict) -> list[list[int]]:
+    """For each output of `kernel`, the positions of the inputs it is computed from (`order`: each op's
+    position in the function). The kernel's results take their types from these inputs: inside
+    shard_map, the mesh axes a result varies over are its inputs' (nova_kernel.py)."""
+    deps: dict[Value, frozenset] = {v: frozenset([i]) for i, v in enumerate(kernel.inputs)}
+    for op in sorted(kernel.ops, key=order.__getitem__):
+        found = frozenset().union(*(deps.get(v, frozenset()) for v in op.operands))
+        for r in op.results:
+            deps.setdefault(r, found)
+    return [sorted(deps.get(v, ())) for v in kernel.outputs]
 
 
 def split_contraction_epilogues(groups) -> list:

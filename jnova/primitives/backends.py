@@ -66,7 +66,7 @@ def _cpu_handles(kernel_steps, linalg: str, llvm: str, stage) -> CompiledKernels
     for step in kernel_steps:
         name, types = step["kernel"], _types(step)
         run = (lambda name, types: lambda *xs: executable.run(name, list(xs), types))(name, types)
-        handles[name] = KernelHandle(name, types, "cpu", run)
+        handles[name] = KernelHandle(name, types, "cpu", run, out_deps=step.get("deps"))
     return CompiledKernels(handles, {"linalg": linalg, "llvm": llvm}, {"linalg.mlir": linalg, "llvm.mlir": llvm})
 
 
@@ -124,7 +124,8 @@ def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
     for step in kernel_steps:
         name = step["kernel"]
         if name in launches:
-            handles[name] = GpuKernelHandle(launches[name], _types(step), aliases=launches[name].aliases)
+            handles[name] = GpuKernelHandle(launches[name], _types(step), aliases=launches[name].aliases,
+                                            out_deps=step.get("deps"))
         else:
             f = groups[name]
             handles[name] = evaluate_ops(f.ops, f.args, f.returns)

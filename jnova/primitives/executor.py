@@ -10,7 +10,7 @@ from typing import Callable
 import jax
 
 from jnova.primitives.nova_kernel import KernelHandle, nova_kernel_p
-from jnova.runtime.jax_internals import is_key, wrap_key
+from jnova.runtime.jax_internals import bind_equation, is_key, wrap_key
 
 
 def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], const_args: list,
@@ -49,6 +49,6 @@ def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], con
 
 def _bind(eqn, ins: list) -> list:
     ins = [wrap_key(x, v.aval.dtype) if is_key(v.aval) else x for x, v in zip(ins, eqn.invars)]
-    outs = eqn.primitive.bind(*ins, **eqn.params)
+    outs = bind_equation(eqn, ins)
     outs = outs if eqn.primitive.multiple_results else [outs]
     return [jax.random.key_data(x) if is_key(v.aval) else x for x, v in zip(outs, eqn.outvars)]

@@ -43,11 +43,12 @@ class GpuKernelHandle(KernelHandle):
     each of a model's layers then lowers once (JAX caches lowerings by params), which makes the step's
     lowering several times faster."""
 
-    def __init__(self, launch: GpuLaunch, out_types: list[TensorType], aliases: tuple[tuple[int, int], ...] = ()):
-        super().__init__(launch.name, out_types, "gpu")
+    def __init__(self, launch: GpuLaunch, out_types: list[TensorType], aliases: tuple[tuple[int, int], ...] = (),
+                 out_deps=None):
+        super().__init__(launch.name, out_types, "gpu", out_deps=out_deps)
         self.launch = launch
         self.aliases = tuple(aliases)
-        self._key = (launch, tuple(self.out_types), self.aliases)
+        self._key = (launch, tuple(self.out_types), self.aliases, self.out_deps)
 
     def __eq__(self, other):
         return isinstance(other, GpuKernelHandle) and self._key == other._key

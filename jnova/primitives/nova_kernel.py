@@ -13,6 +13,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
 from jnova.dialect.types import TensorType, numpy_dtype
+from jnova.runtime.jax_internals import varying_axes
 
 nova_kernel_p = jex_core.Primitive("nova_kernel")
 nova_kernel_p.multiple_results = True
@@ -24,20 +25,35 @@ class KernelHandle:
     Hashed by identity (JAX caches lowerings by params); `run_host` runs it on NumPy arrays.
     """
 
-    def __init__(self, name: str, out_types: list[TensorType], backend: str, run_host=None):
+    def __init__(self, name: str, out_types: list[TensorType], backend: str, run_host=None, out_deps=None):
         self.name = name
         self.out_types = list(out_types)
         self.backend = backend
         self.run_host = run_host
+        # for each result, the operands it is computed from (plan_to_json's "deps"); None: all of them
+        self.out_deps = None if out_deps is None else tuple(tuple(d) for d in out_deps)
 
     def __repr__(self):
         return f"KernelHandle({self.name}, {self.backend})"
 
 
 def _abstract_eval(*avals, kernel: KernelHandle):
-    if avals:  # aval.update keeps what the inputs carry (sharding, varying manual axes)
-        return [avals[0].update(shape=t.shape, dtype=numpy_dtype(t.dtype), weak_type=False) for t in kernel.out_types]
-    return [jax.core.ShapedArray(t.shape, numpy_dtype(t.dtype)) for t in kernel.out_types]
+    deps = kernel.out_deps or [range(len(avals))] * len(kernel.out_types)
+    return [_result_aval(kernel, [avals[j] for j in d], t) for d, t in zip(deps, kernel.out_types)]
+
+
+def _result_aval(kernel: KernelHandle, sources: list, t: TensorType):
+    """A result's aval, as a JAX op would give it: its operands' (`sources`) updated to its type, which
+    keeps their sharding and the manual mesh axes they vary over inside shard_map; a result computed
+    from constants only is a plain, invariant array."""
+    if not sources:
+        return jax.core.ShapedArray(t.shape, numpy_dtype(t.dtype))
+    widest = max(sources, key=lambda a: len(varying_axes(a)))
+    if any(not varying_axes(a) <= varying_axes(widest) for a in sources):
+        raise TypeError(f"jnova kernel {kernel.name} combines values that vary over different mesh axes "
+                        f"({sorted(map(sorted, {varying_axes(a) for a in sources}))}); JAX's own ops would "
+                        "have made them agree (jax.lax.pvary) before combining them")
+    return widest.update(shape=t.shape, dtype=numpy_dtype(t.dtype), weak_type=False)
 
 
 def _impl(*args, kernel: KernelHandle):

@@ -22,6 +22,21 @@ def source_line(eqn) -> str:
         return ""
 
 
+def bind_equation(eqn, ins: list):
+    """Bind a jaxpr equation's primitive to `ins`, as jax's own jaxpr evaluation does: a higher-order
+    primitive (shard_map, pmap's, a call) takes its sub-jaxpr as a function (`get_bind_params`), not
+    the jaxpr parameter it was recorded with."""
+    return eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
+
+
+def varying_axes(aval) -> frozenset:
+    """The manual mesh axes a value varies over inside shard_map (check_vma), from its aval: `.mat.varying`
+    on jax 0.10-0.11 (`.vma` on earlier and later ones); empty outside shard_map."""
+    mat = getattr(aval, "mat", None)
+    found = getattr(mat, "varying", None) if mat is not None else getattr(aval, "vma", None)
+    return frozenset(found or ())
+
+
 def gpu_triton():
     """jaxlib's PTX kernel-call module, or None on a CPU-only jaxlib (it imports but lacks TritonKernel)."""
     try:

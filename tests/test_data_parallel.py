@@ -1,0 +1,166 @@
+"""jnova-compiled steps in data-parallel programs: shard_map and pmap around jnova.compile, and
+jnova.compile around them, against jax.jit of the same program.
+
+Inside shard_map (check_vma=True) every value's type says which mesh axes it varies over, and JAX
+inserts `pvary` where an invariant value meets a varying one. A jnova step traced there keeps those
+types, and each kernel result takes the axes of the operands it is computed from (a result of
+constants only is invariant), so the collectives JAX placed still type-check when the step runs.
+The in-process tests use a one-device mesh (the types are the same); a subprocess with two host
+devices checks the numbers of real all-reduces."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import jnova
+
+
+def loss(w, x, y):
+    return jnp.mean((jnp.tanh(x @ w["a"] + w["b"]) - y) ** 2)
+
+
+def sgd_step(w, x, y):
+    """One data-parallel SGD step: gradients averaged over the mesh axis "d"."""
+    value, grads = jax.value_and_grad(loss)(w, x, y)
+    grads = jax.lax.pmean(grads, "d")
+    return jax.tree.map(lambda p, g: p - 0.1 * g, w, grads), jax.lax.pmean(value, "d")
+
+
+def problem(rng, devices: int):
+    w = {"a": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32),
+         "b": jnp.asarray(rng.standard_normal(8), jnp.float32)}
+    x = jnp.asarray(rng.standard_normal((8 * devices, 16)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((8 * devices, 8)), jnp.float32)
+    return w, x, y
+
+
+def assert_trees_close(got, want, rtol=1e-5):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol * np.abs(np.asarray(b)).max())
+
+
+def test_jnova_step_inside_shard_map_keeps_the_varying_axes():
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
+    specs = dict(mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=(P(), P()))
+    w, x, y = problem(np.random.default_rng(), 1)
+    inner = jnova.compile(sgd_step)
+    want = jax.jit(jax.shard_map(sgd_step, **specs))(w, x, y)
+    assert_trees_close(jax.jit(jax.shard_map(inner, **specs))(w, x, y), want)
+    assert inner.stats()[0]["kernels"] > 0  # jnova compiled the step inside, collectives run as XLA ops
+    assert {"psum_invariant", "pvary"} <= set(inner.stats()[0]["fallbacks"])
+    # Without check_vma the same shapes are another signature: no value's type varies there.
+    assert_trees_close(jax.jit(jax.shard_map(inner, check_vma=False, **specs))(w, x, y), want)
+    assert inner.compile_count == 2
+
+
+def test_kernel_results_vary_over_the_axes_of_their_operands():
+    """One kernel with a result from its varying operand, one from its invariant operand and one from
+    constants only: each result varies over the axes of what it is computed from (`out_deps`)."""
+    from jnova.dialect.types import TensorType
+    from jnova.primitives.nova_kernel import KernelHandle, nova_kernel_p
+    from jnova.runtime.jax_internals import varying_axes
+
+    def run_host(w, x):
+        return [np.asarray(x) * 2, np.asarray(w) * 3, np.full(3, 4.0, np.float32)]
+
+    types = [TensorType((6,), "float32"), TensorType((3,), "float32"), TensorType((3,), "float32")]
+    kernel = KernelHandle("mixed", types, "cpu", run_host, out_deps=[[1], [0], []])
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
+    seen = []
+
+    def inner(w, x):
+        outs = nova_kernel_p.bind(w, x, kernel=kernel)
+        seen.append([sorted(varying_axes(jax.typeof(o))) for o in outs])
+        return tuple(outs)
+
+    w, x = jnp.arange(3.0), jnp.arange(6.0)
+    got = jax.shard_map(inner, mesh=mesh, in_specs=(P(), P("d")), out_specs=(P("d"), P(), P()))(w, x)
+    assert seen[0] == [["d"], [], []]
+    assert_trees_close(got, run_host(w, x))
+    unknown = KernelHandle("unknown", types, "cpu", run_host)  # no out_deps: every result from every operand
+    with pytest.raises(ValueError, match="out_specs"):  # then the invariant results vary: P() refuses them
+        jax.shard_map(lambda w, x: tuple(nova_kernel_p.bind(w, x, kernel=unknown)), mesh=mesh,
+                      in_specs=(P(), P("d")), out_specs=(P("d"), P(), P()))(w, x)
+
+
+def test_jnova_compile_of_a_shard_map_runs_it_as_one_xla_op():
+    """jnova.compile(shard_map(step)): the shard_map is a primitive jnova has no rule for, so it runs as
+    one XLA op (with a warning) and gives jax.jit's results; compile the step inside instead."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
+    program = jax.shard_map(sgd_step, mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=(P(), P()))
+    w, x, y = problem(np.random.default_rng(), 1)
+    with pytest.warns(UserWarning, match="'shard_map' is not compiled"):
+        step = jnova.compile(program)
+        got = step(w, x, y)
+    assert_trees_close(got, jax.jit(program)(w, x, y), rtol=1e-6)
+    assert step.stats()[0]["fallbacks"] == ["shard_map"]
+
+
+TWO_DEVICES = """
+import json, os
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import jnova
+from test_data_parallel import problem, sgd_step
+
+assert len(jax.devices()) == 2
+mesh = Mesh(np.array(jax.devices()), ("d",))
+specs = dict(mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=(P(), P()))
+w, x, y = problem(np.random.default_rng(), 2)
+xs, ys = x.reshape(2, 8, 16), y.reshape(2, 8, 8)
+pmapped = dict(axis_name="d", in_axes=(None, 0, 0), out_axes=(None, None))
+# (shard_map with check_vma sums a replicated parameter's gradient itself: its pmean then averages
+# equal values, and the step differs from pmap's; each is compared with jax.jit of its own program)
+want = {"shard_map": jax.jit(jax.shard_map(sgd_step, **specs))(w, x, y),
+        "pmap": jax.pmap(sgd_step, **pmapped)(w, xs, ys)}
+inner = jnova.compile(sgd_step)
+runs = {
+    "shard_map(jnova)": ("shard_map", jax.jit(jax.shard_map(inner, **specs))(w, x, y)),
+    "jnova(shard_map)": ("shard_map", jnova.compile(jax.shard_map(sgd_step, **specs))(w, x, y)),
+    "pmap(jnova)": ("pmap", jax.pmap(jnova.compile(sgd_step), **pmapped)(w, xs, ys)),
+    "jnova(pmap)": ("pmap", jnova.compile(jax.pmap(sgd_step, **pmapped))(w, xs, ys)),
+}
+# errors relative to the largest value of each leaf
+report = {name: max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) / float(np.abs(np.asarray(b)).max())
+                    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want[kind]), strict=True))
+          for name, (kind, got) in runs.items()}
+# a shard's step without the all-reduce is another result: the collectives did run
+shard0 = jax.jit(jax.shard_map(sgd_step, **specs))(w, x[:8].repeat(2, 0), y[:8].repeat(2, 0))
+report["all_reduce_mattered"] = float(np.max(np.abs(np.asarray(shard0[1]) - np.asarray(want["shard_map"][1]))))
+report["kernels_inside"] = inner.stats()[0]["kernels"]
+print(json.dumps(report))
+"""
+
+
+def test_two_devices_all_reduce_as_jax_jit():
+    """Two host devices, real all-reduces: each way of putting a jnova step into a data-parallel
+    program matches jax.jit of the shard_map program."""
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", TWO_DEVICES], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report.pop("kernels_inside") > 0
+    assert report.pop("all_reduce_mattered") > 1e-3
+    assert all(err <= 1e-5 for err in report.values()), report
+
+
+def test_plan_records_which_inputs_each_kernel_result_is_computed_from():
+    def f(w, x):
+        return x * 2.0 + 1.0, jnp.exp(w * 3.0), jnp.sin(jnp.ones(3) * 4.0)
+
+    lowered = jnova.compile(f).lower(jnp.ones(3), jnp.ones(6))  # the CPU's plan: one kernel for the run
+    plan = lowered.executable.meta["plan"]
+    (kernel,) = [s for s in plan["steps"] if "kernel" in s]
+    deps = {out: sorted(kernel["in"][j] for j in d) for out, d in zip(kernel["out"], kernel["deps"])}
+    assert [deps[r] for r in plan["returns"]] == [[1], [0], []]  # arguments w = 0, x = 1

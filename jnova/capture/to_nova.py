@@ -183,6 +183,8 @@ class _Converter:
                 finally:
                     self.call_site = outer
         reason = f"no jnova rule for '{name}'"
+        if name in ("shard_map", "xla_pmap"):  # a data-parallel program: its body is not compiled
+            reason += "; compile the step inside it instead: jax.shard_map(jnova.compile(step), ...)"
         fn = RULES.get(name)
         if any(is_key(v.aval) for v in list(eqn.invars) + list(eqn.outvars)):
             fn, reason = None, "PRNG keys run as XLA ops"  # jnova holds keys as raw data only

@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import warnings
 from typing import Callable, Sequence
 
 import jax
@@ -28,7 +27,9 @@ def compile(fn: Callable, *, mixed_precision: str | None = None, backend: str | 
       backend: None (the platform of the inputs), "cpu" or "gpu".
       fallback: "xla" runs primitives jnova cannot compile as ordinary JAX ops (one warning each);
         "error" raises instead, naming the primitive and the source line.
-      bucket_bytes: gradient bucket size for data-parallel steps.
+      bucket_bytes: the most bytes of one all-reduce bucket in a data-parallel step (shard_map or pmap
+        around the compiled step): the step's all-reduces run as buckets of their operands, each right
+        after its last operand is computed (passes/bucket_all_reduces.py).
       target: a GPU name ("h200", ...) to compile ahead of time without a GPU.
       donate_argnums: positional arguments whose buffers the step may reuse (as in `jax.jit`).
       kernels: "auto"; "fused" compiles one kernel per fusion group (the GPU's plan; on the CPU this
@@ -38,9 +39,6 @@ def compile(fn: Callable, *, mixed_precision: str | None = None, backend: str | 
     """
     if not callable(fn):
         raise TypeError(f"jnova.compile expects a callable, got {type(fn).__name__}")
-    if bucket_bytes != 25 * 2**20:
-        warnings.warn("jnova: gradient bucketing for data-parallel steps is not implemented yet; "
-                      "bucket_bytes has no effect", stacklevel=2)
     options = Options(mixed_precision=mixed_precision, backend=backend, fallback=fallback,
                       bucket_bytes=bucket_bytes, target=target, kernels=kernels,
                       xla_options=Options.xla_pairs(xla_options))

@@ -2,7 +2,7 @@
 
     trace -> (persistent cache: restore and stop here on a hit)
           -> to_nova -> verify -> canonicalize -> cse -> (mixed precision) -> dce
-          -> (GPU plan: align, split_k, transpose) -> fuse -> form_kernels
+          -> (GPU plan: align, split_k, transpose) -> fuse -> form_kernels -> bucket_all_reduces
           -> (in-memory cache by structural hash)
           -> CPU: kernel_to_linalg -> CPU pass pipeline -> LLVM JIT
              GPU: per kernel, a gpu.module from its builder -> PTX
@@ -37,6 +37,7 @@ from jnova.passes.form_kernels import (Kernel, batch_terminal_kernels, form_kern
                                       split_contraction_epilogues)
 from jnova.passes.fuse import fuse
 from jnova.passes.align_contractions import align_contractions
+from jnova.passes.bucket_all_reduces import bucket_all_reduces
 from jnova.passes.mixed_precision import demote_contractions
 from jnova.passes.split_contractions import split_contractions
 from jnova.passes.transpose_operands import transpose_operands
@@ -84,6 +85,7 @@ class Executable:
         return {"backend": self.meta["backend"], "kernels": sum("kernel" in s for s in steps),
                 "views": sum("view" in s for s in steps),
                 "nova_ops": self.meta["nova_ops"], "fallbacks": [s["fallback"] for s in steps if "fallback" in s],
+                "all_reduce_buckets": [len(s["in"]) for s in steps if "bucket" in s],
                 "xla_groups": len(self.meta["xla_groups"]), "cache_hit": self.cache_hit,
                 "compile_s": dict(self.times)}
 
@@ -165,6 +167,8 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
         plan = kernels_from_fusion(func, groups) if per_group else form_kernels(func)
         if per_group and backend == "gpu":  # an optimizer's per-leaf updates: a few launches, not one per leaf
             plan = batch_terminal_kernels(plan, gpu_batchable)
+    with stage("bucket_all_reduces"):   # data parallel: all-reduces in buckets, each after its last operand
+        plan = bucket_all_reduces(plan, program.sites, options.bucket_bytes)
     key = structural_hash(nova_text, program.sites, options.hash_items(), target=target_name)
     compiled = ARTIFACTS.get(key)       # a structurally identical step compiled in this process
     cache_hit = compiled is not None

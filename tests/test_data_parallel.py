@@ -56,7 +56,7 @@ def test_jnova_step_inside_shard_map_keeps_the_varying_axes():
     want = jax.jit(jax.shard_map(sgd_step, **specs))(w, x, y)
     assert_trees_close(jax.jit(jax.shard_map(inner, **specs))(w, x, y), want)
     assert inner.stats()[0]["kernels"] > 0  # jnova compiled the step inside, collectives run as XLA ops
-    assert {"psum_invariant", "pvary"} <= set(inner.stats()[0]["fallbacks"])
+    assert "pvary" in inner.stats()[0]["fallbacks"] and inner.stats()[0]["all_reduce_buckets"]
     # Without check_vma the same shapes are another signature: no value's type varies there.
     assert_trees_close(jax.jit(jax.shard_map(inner, check_vma=False, **specs))(w, x, y), want)
     assert inner.compile_count == 2
@@ -110,7 +110,7 @@ import json, os
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 import jnova
-from test_data_parallel import problem, sgd_step
+from test_data_parallel import mlp_problem, mlp_sgd_step, problem, sgd_step
 
 assert len(jax.devices()) == 2
 mesh = Mesh(np.array(jax.devices()), ("d",))
@@ -133,6 +133,15 @@ runs = {
 report = {name: max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) / float(np.abs(np.asarray(b)).max())
                     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want[kind]), strict=True))
           for name, (kind, got) in runs.items()}
+for bucket_bytes in (1, 2**20):  # data-parallel steps with their all-reduces bucketed both ways
+    specs_nv = dict(specs, check_vma=False)
+    w2, x2, y2 = mlp_problem(np.random.default_rng(1), 2)
+    want2 = jax.jit(jax.shard_map(mlp_sgd_step, **specs_nv))(w2, x2, y2)
+    step2 = jax.jit(jax.shard_map(jnova.compile(mlp_sgd_step, bucket_bytes=bucket_bytes), **specs_nv))
+    report[f"buckets of {bucket_bytes} bytes"] = max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) / float(np.abs(np.asarray(b)).max())
+        for a, b in zip(jax.tree.leaves(step2(w2, x2, y2)), jax.tree.leaves(want2), strict=True))
+    report[f"all_reduces with {bucket_bytes}"] = step2.lower(w2, x2, y2).as_text().count("all_reduce")
 # a shard's step without the all-reduce is another result: the collectives did run
 shard0 = jax.jit(jax.shard_map(sgd_step, **specs))(w, x[:8].repeat(2, 0), y[:8].repeat(2, 0))
 report["all_reduce_mattered"] = float(np.max(np.abs(np.asarray(shard0[1]) - np.asarray(want["shard_map"][1]))))
@@ -152,6 +161,8 @@ def test_two_devices_all_reduce_as_jax_jit():
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report.pop("kernels_inside") > 0
     assert report.pop("all_reduce_mattered") > 1e-3
+    # one all-reduce per bucket in the step's HLO: five of one value each, or one of all five
+    assert (report.pop("all_reduces with 1"), report.pop(f"all_reduces with {2**20}")) == (5, 1), report
     assert all(err <= 1e-5 for err in report.values()), report
 
 
@@ -164,3 +175,55 @@ def test_plan_records_which_inputs_each_kernel_result_is_computed_from():
     (kernel,) = [s for s in plan["steps"] if "kernel" in s]
     deps = {out: sorted(kernel["in"][j] for j in d) for out, d in zip(kernel["out"], kernel["deps"])}
     assert [deps[r] for r in plan["returns"]] == [[1], [0], []]  # arguments w = 0, x = 1
+
+
+def mlp_sgd_step(w, x, y):
+    """Four parameters of different sizes; gradients averaged by an explicit pmean after the backward."""
+    def mlp_loss(w):
+        h = jnp.tanh(x @ w["a"] + w["b"])
+        return jnp.mean((h @ w["c"] + w["d"] - y) ** 2)
+
+    value, grads = jax.value_and_grad(mlp_loss)(w)
+    grads = jax.lax.pmean(grads, "d")
+    return jax.tree.map(lambda p, g: p - 0.1 * g, w, grads), jax.lax.pmean(value, "d")
+
+
+def mlp_problem(rng, devices: int):
+    w = {"a": rng.standard_normal((16, 32)), "b": rng.standard_normal(32), "c": rng.standard_normal((32, 8)),
+         "d": rng.standard_normal(8)}
+    x, y = rng.standard_normal((8 * devices, 16)), rng.standard_normal((8 * devices, 8))
+    return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), (w, x, y))
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 1200, 2**20])
+def test_all_reduces_run_in_buckets_right_after_their_last_operand(bucket_bytes):
+    """pmean(grads) after the backward pass becomes buckets of at most `bucket_bytes` (a larger
+    gradient alone), filled in the order the gradients are computed, each placed right after the step
+    computing its last gradient; results as jax.jit's."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
+    specs = dict(mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=(P(), P()), check_vma=False)
+    w, x, y = mlp_problem(np.random.default_rng(), 1)
+    inner = jnova.compile(mlp_sgd_step, bucket_bytes=bucket_bytes)
+    seen = []
+
+    def traced(w, x, y):
+        seen.append(inner.lower(w, x, y).executable.meta["plan"])
+        return inner(w, x, y)
+
+    got = jax.jit(jax.shard_map(traced, **specs))(w, x, y)
+    assert_trees_close(got, jax.jit(jax.shard_map(mlp_sgd_step, **specs))(w, x, y))
+    steps = seen[0]["steps"]
+    assert not any(s.get("fallback") == "psum" for s in steps)  # every psum is in a bucket
+    buckets = [(i, s) for i, s in enumerate(steps) if "bucket" in s]
+    sizes = [len(s["in"]) for _, s in buckets]
+    assert sum(sizes) == 5  # four gradients and the loss
+    if bucket_bytes == 1:
+        assert sizes == [1] * 5
+    if bucket_bytes == 2**20:
+        assert len(buckets) <= 2  # all in one, unless a reader of a result comes before the last operand
+    produced_by = {v: i for i, s in enumerate(steps) for v in s["out"]}
+    for i, bucket in buckets:
+        last = max(produced_by.get(v, -1) for v in bucket["in"])
+        assert all("bucket" in s for s in steps[last + 1:i])  # right after it (other buckets aside)
+    first_bucket, last_reader = buckets[0][0], max(i for i, s in enumerate(steps) if "kernel" in s)
+    assert first_bucket < last_reader  # the first all-reduce runs before the backward's end

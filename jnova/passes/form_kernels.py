@@ -35,6 +35,16 @@ class View(Kernel):
     array (XLA makes it a bitcast of the same buffer); `Plan.kernels` leaves views out."""
 
 
+@dataclass
+class AllReduceBucket:
+    """One all-reduce of the flat concatenation of `operands` (the fallback equation `site` gives the
+    primitive and its axes); `results[i]` is operand i's sum, in its shape (bucket_all_reduces.py)."""
+
+    site: int
+    operands: list[Value]
+    results: list[Value]
+
+
 MAX_BATCH_PARAMS = 256  # pointers per batched kernel: 2 KiB of the 4 KiB of kernel parameters
 MAX_DELAYED_BYTES = 512 * 2**20  # memory a batch may keep alive past its members' own positions
 
@@ -109,6 +119,9 @@ def plan_to_json(plan: Plan) -> dict:
             steps.append({"kernel": step.name, "in": [ids[v] for v in step.inputs], "out": [ids[v] for v in step.outputs],
                           "out_types": [[list(v.type.shape), v.type.dtype] for v in step.outputs],
                           "deps": output_inputs(step, order)})
+        elif isinstance(step, AllReduceBucket):
+            steps.append({"bucket": step.site, "in": [ids[v] for v in step.operands],
+                          "out": [ids[v] for v in step.results]})
         else:
             steps.append({"fallback": step.attrs["primitive"], "site": step.attrs["site"],
                           "in": [ids[v] for v in step.operands], "out": [ids[v] for v in step.results]})

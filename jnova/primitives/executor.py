@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
 from jnova.primitives.nova_kernel import KernelHandle, nova_kernel_p
 from jnova.runtime.jax_internals import bind_equation, is_key, wrap_key
@@ -32,6 +33,8 @@ def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], con
             ins = [env[i] for i in step["in"]]
             if "view" in step:  # a reshape: XLA makes it a bitcast
                 outs = [jax.lax.reshape(ins[0], tuple(step["out_types"][0][0]))]
+            elif "bucket" in step:  # all-reduces of several values as one, over their concatenation
+                outs = _all_reduce_bucket(sites[step["bucket"]], ins)
             elif "kernel" in step:
                 handle = handles[step["kernel"]]
                 if isinstance(handle, KernelHandle):
@@ -45,6 +48,18 @@ def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], con
         return [wrap_key(x, key_outs[i]) if i in key_outs else x for i, x in enumerate(outs)]
 
     return run
+
+
+def _all_reduce_bucket(eqn, ins: list) -> list:
+    """The all-reduce `eqn` of each of `ins`, done once over their flat concatenation."""
+    if len(ins) == 1:
+        return _bind(eqn, ins)
+    (total,) = _bind(eqn, [jnp.concatenate([jnp.ravel(x) for x in ins])])
+    outs, start = [], 0
+    for x in ins:
+        outs.append(total[start:start + x.size].reshape(x.shape))
+        start += x.size
+    return outs
 
 
 def _bind(eqn, ins: list) -> list:

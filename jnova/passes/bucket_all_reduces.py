@@ -1,0 +1,97 @@
+"""bucket-all-reduces: a data-parallel step's all-reduces in buckets, each right after its last input.
+
+Inside `shard_map` or `pmap` a step's gradients are summed over the devices by `psum` (pmap, or an
+explicit `pmean`) or `psum_invariant` (shard_map's own, after each replicated parameter's gradient).
+JAX puts them where the program says: an explicit `pmean(grads)` after the whole backward pass.
+jnova plans them at compile time, as DDP does at run time:
+
+- every all-reduce operand is a piece; pieces go, in the order their inputs are produced, into
+  buckets of at most `bucket_bytes` (one piece larger than that is a bucket of its own);
+- a bucket's pieces are one flat buffer, all-reduced once (`AllReduceBucket`), so that XLA's combiner
+  does not merge the buckets back into one all-reduce at the end;
+- a bucket runs right after the step that produces its last piece, so that its all-reduce can overlap
+  the rest of the backward pass; a bucket is closed early where waiting for the next piece would put
+  it after a step that reads one of its results.
+
+Pieces share a bucket only with pieces of the same primitive, parameters (axes) and dtype. Moving an
+all-reduce earlier keeps the program's meaning: every device runs the same plan, so the collectives
+stay in the same order everywhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jnova.dialect.ir import Value
+from jnova.dialect.ops import FallbackOp
+from jnova.passes.form_kernels import AllReduceBucket, Kernel, Plan
+
+ALL_REDUCES = ("psum", "psum_invariant")
+
+
+@dataclass
+class _Piece:
+    site: int
+    operand: Value
+    result: Value
+    ready: int      # index of the plan step producing the operand (-1: an argument)
+    deadline: int   # index of the first plan step reading the result (len(steps): only returned)
+    order: int      # index of the original all-reduce step
+
+
+def bucket_all_reduces(plan: Plan, sites: list, bucket_bytes: int) -> Plan:
+    """The plan with its all-reduce fallbacks replaced by buckets (see the module's docstring); the
+    plan itself when it has none."""
+    steps = plan.steps
+    if not any(_is_all_reduce(s) for s in steps):
+        return plan
+    producer, first_reader = {}, {}
+    for i, step in enumerate(steps):
+        for v in _inputs(step):
+            first_reader.setdefault(v, i)
+        for v in _outputs(step):
+            producer[v] = i
+    pieces = [_Piece(s.attrs["site"], operand, result, producer.get(operand, -1),
+                     first_reader.get(result, len(steps)), i)
+              for i, s in enumerate(steps) if _is_all_reduce(s)
+              for operand, result in zip(s.operands, s.results)]
+    buckets: list[tuple[int, AllReduceBucket]] = []  # (placement, bucket)
+    open_: dict[tuple, tuple[list[_Piece], int]] = {}  # key -> (pieces, bytes)
+    for p in sorted(pieces, key=lambda p: (p.ready, p.order)):
+        key = (_params_key(sites[p.site]), p.operand.type.dtype)
+        members, size = open_.get(key, ([], 0))
+        nbytes = p.operand.type.nbytes
+        placement = max([p.ready] + [m.ready for m in members])
+        deadline = min([p.deadline] + [m.deadline for m in members])
+        if members and (size + nbytes > bucket_bytes or placement >= deadline):
+            buckets.append(_close(members))
+            members, size = [], 0
+        open_[key] = (members + [p], size + nbytes)
+    buckets.extend(_close(members) for members, _ in open_.values() if members)
+    out: list = [b for placement, b in buckets if placement < 0]
+    for i, step in enumerate(steps):
+        if not _is_all_reduce(step):
+            out.append(step)
+        out.extend(b for placement, b in buckets if placement == i)
+    return Plan(plan.func, out)
+
+
+def _close(members: list[_Piece]) -> tuple[int, AllReduceBucket]:
+    return (max(m.ready for m in members),
+            AllReduceBucket(members[0].site, [m.operand for m in members], [m.result for m in members]))
+
+
+def _is_all_reduce(step) -> bool:
+    return isinstance(step, FallbackOp) and step.attrs["primitive"] in ALL_REDUCES
+
+
+def _params_key(eqn) -> tuple:
+    """What must match for two all-reduces to share a bucket: the primitive and its parameters."""
+    return (eqn.primitive.name, tuple(sorted((k, repr(v)) for k, v in eqn.params.items())))
+
+
+def _inputs(step) -> list[Value]:
+    return step.inputs if isinstance(step, Kernel) else step.operands  # a Kernel, or an op
+
+
+def _outputs(step) -> list[Value]:
+    return step.outputs if isinstance(step, Kernel) else step.results

@@ -73,10 +73,14 @@ class CompiledStep:
         executable = self._executable(args, kwargs, flat, tree)
         if any(isinstance(x, jax.core.Tracer) for x in flat):  # inside a transformation: jax compiles
             return jax.tree_util.tree_unflatten(executable.captured.out_tree, executable.run(*flat))
+        self._last = self._prepared(executable, args, kwargs)
+        return _call_compiled(executable.call, args, kwargs)
+
+    def _prepared(self, executable, args, kwargs):
+        """The executable's compiled step (jax's), compiled by XLA now unless it was before."""
         if executable.call is None:
             executable.prepare(args, kwargs, self.donate_argnums, dict(self.options.xla_options) or None)
-        self._last = executable.call
-        return _call_compiled(executable.call, args, kwargs)
+        return executable.call
 
     def stats(self) -> list[dict]:
         """One record per compiled input signature (see `Executable.stats`)."""
@@ -129,10 +133,7 @@ class Lowered:
         then use it."""
         if self._step is None:
             raise ValueError("this Lowered was made without the step's arguments; use CompiledStep.lower(*args)")
-        e = self.executable
-        if e.call is None:
-            e.prepare(self._args, self._kwargs, self._step.donate_argnums, dict(self._step.options.xla_options) or None)
-        return e.call
+        return self._step._prepared(self.executable, self._args, self._kwargs)
 
     def as_text(self, stage: str = "nova") -> str:
         return self.executable.as_text(stage)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import jax
 from jax.extend import core as jex_core
 
-from jnova.runtime.jax_internals import is_key
+from jnova.runtime.jax_internals import is_key, varying_axes
 
 
 @dataclass
@@ -55,8 +55,8 @@ def abstract(x) -> jax.ShapeDtypeStruct:
     """The shape and dtype of an argument (an array, a scalar, or a ShapeDtypeStruct), with the dtype
     jax.jit gives it: without jax_enable_x64 a float64 / int64 NumPy array is passed as float32 / int32,
     so it is traced and compiled as one."""
-    if isinstance(x, jax.core.Tracer):  # its aval as is: inside shard_map it says which mesh axes vary
-        return jax.typeof(x)
+    if isinstance(x, jax.core.Tracer) and varying_axes(jax.typeof(x)):  # inside shard_map: its aval as is,
+        return jax.typeof(x)                                              # with the mesh axes it varies over
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         dtype = x.dtype if is_key(x.dtype) else jax.dtypes.canonicalize_dtype(x.dtype)  # keys stay keys
         if isinstance(x, jax.ShapeDtypeStruct) and dtype == x.dtype:

@@ -55,18 +55,21 @@ def bucket_all_reduces(plan: Plan, sites: list, bucket_bytes: int) -> Plan:
               for i, s in enumerate(steps) if _is_all_reduce(s)
               for operand, result in zip(s.operands, s.results)]
     buckets: list[tuple[int, AllReduceBucket]] = []  # (placement, bucket)
-    open_: dict[tuple, tuple[list[_Piece], int]] = {}  # key -> (pieces, bytes)
+    open_: dict[tuple, _Open] = {}  # one open bucket per primitive, parameters and dtype
     for p in sorted(pieces, key=lambda p: (p.ready, p.order)):
         key = (_params_key(sites[p.site]), p.operand.type.dtype)
-        members, size = open_.get(key, ([], 0))
+        b = open_.get(key)
         nbytes = p.operand.type.nbytes
-        placement = max([p.ready] + [m.ready for m in members])
-        deadline = min([p.deadline] + [m.deadline for m in members])
-        if members and (size + nbytes > bucket_bytes or placement >= deadline):
-            buckets.append(_close(members))
-            members, size = [], 0
-        open_[key] = (members + [p], size + nbytes)
-    buckets.extend(_close(members) for members, _ in open_.values() if members)
+        too_late = b is not None and max(b.placement, p.ready) >= min(b.deadline, p.deadline)
+        if b is not None and (b.bytes + nbytes > bucket_bytes or too_late):
+            buckets.append(b.close())
+            b = None
+        if b is None:
+            b = open_[key] = _Open([], 0, -1, len(steps))
+        b.members.append(p)
+        b.bytes += nbytes
+        b.placement, b.deadline = max(b.placement, p.ready), min(b.deadline, p.deadline)
+    buckets.extend(b.close() for b in open_.values())
     out: list = [b for placement, b in buckets if placement < 0]
     for i, step in enumerate(steps):
         if not _is_all_reduce(step):
@@ -75,9 +78,18 @@ def bucket_all_reduces(plan: Plan, sites: list, bucket_bytes: int) -> Plan:
     return Plan(plan.func, out)
 
 
-def _close(members: list[_Piece]) -> tuple[int, AllReduceBucket]:
-    return (max(m.ready for m in members),
-            AllReduceBucket(members[0].site, [m.operand for m in members], [m.result for m in members]))
+@dataclass
+class _Open:
+    """A bucket being filled: its pieces, bytes, the step it must follow and the first step reading it."""
+
+    members: list[_Piece]
+    bytes: int
+    placement: int
+    deadline: int
+
+    def close(self) -> tuple[int, AllReduceBucket]:
+        m = self.members
+        return self.placement, AllReduceBucket(m[0].site, [p.operand for p in m], [p.result for p in m])
 
 
 def _is_all_reduce(step) -> bool:

@@ -38,6 +38,8 @@ class KernelHandle:
 
 
 def _abstract_eval(*avals, kernel: KernelHandle):
+    if not any(varying_axes(a) for a in avals):  # outside shard_map: the first operand's, updated
+        return [_result_aval(kernel, list(avals[:1]), t) for t in kernel.out_types]
     deps = kernel.out_deps or [range(len(avals))] * len(kernel.out_types)
     return [_result_aval(kernel, [avals[j] for j in d], t) for d, t in zip(deps, kernel.out_types)]
 

@@ -98,6 +98,44 @@ def test_hundreds_of_buffers(host, rng):
     np.testing.assert_allclose(np.asarray(out), np.sum(xs, axis=0, dtype=np.float64), rtol=1e-4, atol=1e-4)
 
 
+def test_tensor_maps_are_encoded_from_their_buffer_and_passed_by_value_after_the_buffers(host, rng):
+    """A kernel registered with a TMA descriptor gets it after its buffers, 64-byte aligned, encoded
+    from the buffer's address at the launch with the registered shape (the stand-in encodes the
+    address and arguments, and its kernel reads the input through the map)."""
+    from jnova.codegen.gpu.launch import TensorMap
+
+    lib, _ = host
+    tensor_map = TensorMap(buffer=0, param=2, dtype="bfloat16", dims=(64, 5), strides=(128,), box=(64, 2), swizzle=128)
+    ptx = "// through a tensor map"
+    kernel_id = launcher.kernel_id("mock_through_map", ptx, (tensor_map,))
+    assert kernel_id != launcher.kernel_id("mock_through_map", ptx)
+    lib.register(kernel_id, "mock_through_map", ptx, (tensor_map,))
+    a = rng.standard_normal(320).astype(np.float32)
+    out = launch(kernel_id, jax.ShapeDtypeStruct((320,), jnp.float32), a, geometry=[5, 1, 1, 64, 1, 1, 0])
+    # dims 64 + 5, stride 128, box 64 + 2, bf16 = 9, 128-byte swizzle = 3, rank 2; aligned (no 1000)
+    want = a + np.float32(64 + 5 + 128 + 64 + 2 + 9 + 3 + 2)
+    np.testing.assert_array_equal(np.asarray(out), want)
+    # an aliased result: the call has three buffers (a, the operand the result aliases, the result),
+    # the kernel declares two; its map still follows them
+    poison = np.full(320, np.nan, np.float32)
+    out = launch(kernel_id, jax.ShapeDtypeStruct((320,), jnp.float32), a, poison, geometry=[5, 1, 1, 64, 1, 1, 0],
+                 aliases={1: 0})
+    np.testing.assert_array_equal(np.asarray(out), want)
+
+
+def test_tensor_maps_outside_what_the_driver_takes_are_refused(host):
+    from jnova.codegen.gpu.launch import TensorMap
+
+    lib, _ = host
+    with pytest.raises(ValueError, match="multiples of 16"):
+        TensorMap(buffer=0, param=2, dtype="bfloat16", dims=(64, 5), strides=(130,), box=(64, 2))
+    with pytest.raises(ValueError, match="box"):
+        TensorMap(buffer=0, param=2, dtype="bfloat16", dims=(512, 5), strides=(1024,), box=(512, 2))
+    maps = [TensorMap(buffer=0, param=3 + i, dtype="float32", dims=(64,), strides=(), box=(64,)) for i in range(9)]
+    with pytest.raises(CompileError, match="9 tensor maps"):
+        lib.register(launcher.kernel_id("mock_add", "// nine maps", maps), "mock_add", "// nine maps", maps)
+
+
 def test_module_loads_once_per_context(host, rng):
     lib, driver = host
     kernel_id = register(lib, "mock_add", "// add, module cache test")

@@ -110,12 +110,14 @@ def restore_gpu(files: dict[str, str], plan_json: dict, stage=lambda name: nullc
 
 
 def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
-    from jnova.codegen.gpu.launch import GpuLaunch
+    from jnova.codegen.gpu.launch import GpuLaunch, TensorMap
     from jnova.primitives.gpu_lowering import GpuKernelHandle
 
     stored = json.loads(files["launches.json"])
     distinct = [GpuLaunch(**{**d, "grid": tuple(d["grid"]), "block": tuple(d["block"]),
-                             "aliases": tuple(map(tuple, d.get("aliases", ())))}) for d in stored["launches"]]
+                             "aliases": tuple(map(tuple, d.get("aliases", ()))),
+                             "tensor_maps": tuple(TensorMap.from_json(m) for m in d.get("tensor_maps", ()))})
+                for d in stored["launches"]]
     launches = {name: distinct[i] for name, i in stored["kernels"].items()}
     groups = {name: func_from_json(d) for name, d in json.loads(files["xla_groups.json"]).items()}
     for f in groups.values():
@@ -137,18 +139,24 @@ def _gpu_handles(kernel_steps, files: dict[str, str]) -> CompiledKernels:
 
 
 def launch_table(distinct, launches: dict) -> str:
-    """One line per distinct GPU kernel: PTX entry, launches per step, schedule, grid, block, shared memory."""
+    """One line per distinct GPU kernel: PTX entry, launches per step, schedule, grid, block, shared memory,
+    and the tensor maps (TMA descriptors) the launcher builds for it: buffer, box."""
     count: dict[int, int] = {}
     for launch in launches.values():
         count[id(launch)] = count.get(id(launch), 0) + 1
+
+    def maps(l) -> str:
+        return "".join(f" tensor_map[{m.buffer}]={'x'.join(map(str, m.box))}" for m in l.tensor_maps)
+
     return "".join(f"{l.name} x{count[id(l)]} {l.schedule} grid={list(l.grid)} block={list(l.block)} "
-                   f"smem={l.shared_mem_bytes}\n" for l in distinct)
+                   f"smem={l.shared_mem_bytes}{maps(l)}\n" for l in distinct)
 
 
 def _launch_json(launch) -> dict:
     return {"name": launch.name, "ptx": launch.ptx, "grid": list(launch.grid), "block": list(launch.block),
             "shared_mem_bytes": launch.shared_mem_bytes, "compute_capability": launch.compute_capability,
-            "schedule": launch.schedule, "gpu_module": launch.gpu_module, "aliases": [list(a) for a in launch.aliases]}
+            "schedule": launch.schedule, "gpu_module": launch.gpu_module, "aliases": [list(a) for a in launch.aliases],
+            "tensor_maps": [m.to_json() for m in launch.tensor_maps]}
 
 
 def group_text(kernel: Kernel, name: str) -> str:

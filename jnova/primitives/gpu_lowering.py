@@ -77,7 +77,12 @@ def lower_gpu_kernel(ctx, *args, kernel: KernelHandle):
             f"jnova kernel {kernel.name} was compiled for {kernel.backend}; it cannot be lowered for a GPU. "
             "Compile the step with the inputs on the GPU (or backend='gpu').")
     aliases = dict(getattr(kernel, "aliases", ()))
-    if launcher.choice() == "jnova":
+    choice = launcher.choice()
+    if launch.tensor_maps and choice != "jnova":
+        raise NotImplementedError(
+            f"jnova kernel {launch.name} takes TMA descriptors, which only jnova's kernel launcher builds; "
+            "it is unavailable or JNOVA_LAUNCHER=jaxlib (compile the step again with the launcher in use)")
+    if choice == "jnova":
         kernel_id = _register(launch)
         geometry = np.array([*launch.grid, *launch.block, launch.shared_mem_bytes], np.int64)
         target = launcher.call_target(launcher.load())
@@ -91,8 +96,8 @@ def lower_gpu_kernel(ctx, *args, kernel: KernelHandle):
 @functools.lru_cache(maxsize=4096)
 def _register(launch: GpuLaunch) -> int:
     """Register `launch`'s PTX with jnova's launcher (once a process); its kernel id."""
-    kernel_id = launcher.kernel_id(launch.name, launch.ptx)
-    launcher.load().register(kernel_id, launch.name, launch.ptx)
+    kernel_id = launcher.kernel_id(launch.name, launch.ptx, launch.tensor_maps)
+    launcher.load().register(kernel_id, launch.name, launch.ptx, launch.tensor_maps)
     return kernel_id
 
 

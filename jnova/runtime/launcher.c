@@ -18,7 +18,10 @@
  * steps as. The attributes of a call:
  *   kernel_id  u64 scalar          the registered kernel
  *   launch     i64[7] array        grid x, y, z, block x, y, z, dynamic shared memory bytes
- * Buffers are the operands then the results, one pointer parameter each, 16-byte aligned.
+ * Buffers are the operands then the results, one pointer parameter each, 16-byte aligned. A kernel
+ * registered with tensor maps (TMA descriptors) takes one CUtensorMap by value after them per map:
+ * the launcher encodes each from its buffer's address at every launch (cuTensorMapEncodeTiled, host
+ * only), and the record stage hands them to XLA as host values, re-encoded when buffers move.
  *
  * Where the jaxlib has the FFI record stage (record_c_api.h, jaxlib 0.11), the handler also records
  * its launch into XLA's command buffer itself: a kernel node that XLA creates and updates like its
@@ -76,6 +79,9 @@ static struct {
   CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                             unsigned, CUstream, void**, void**);
   CUresult (*get_error_string)(CUresult, const char**);
+  /* optional (CUDA 12): only kernels with tensor maps need it */
+  CUresult (*tensor_map_encode_tiled)(void*, int, uint32_t, void*, const uint64_t*, const uint64_t*,
+                                      const uint32_t*, const uint32_t*, int, int, int, int);
 } cu;
 
 static char init_error[512];
@@ -107,6 +113,7 @@ int jnova_launcher_init(const char* path) {
   JNOVA_SYMBOL(launch_kernel, "cuLaunchKernel")
   JNOVA_SYMBOL(get_error_string, "cuGetErrorString")
 #undef JNOVA_SYMBOL
+  *(void**)(&found.tensor_map_encode_tiled) = dlsym(lib, "cuTensorMapEncodeTiled");
   cu = found;
   return 0;
 }
@@ -115,6 +122,22 @@ const char* jnova_launcher_error(void) { return init_error; }
 
 /* ------------------------------------------------------------------ the kernel table */
 enum { TABLE_SIZE = 1 << 14, MAX_CONTEXTS = 16, STACK_PARAMS = 256, MAX_PARAMS = 4096 };
+
+/* A tensor map's registration: which buffer, and the arguments of cuTensorMapEncodeTiled besides the
+ * address (interleave none, element strides 1, L2 promotion 256 B, out-of-bounds elements read as 0). */
+enum { MAX_TENSOR_MAPS = 8, MAX_RANK = 5, MAP_WORDS = 5 + MAX_RANK + (MAX_RANK - 1) + MAX_RANK };
+typedef struct {
+  int64_t buffer;  /* the call's buffer whose address it describes */
+  int64_t param;   /* the kernel parameter it is passed as: a kernel's maps are its last parameters */
+  int64_t dtype, rank, swizzle;
+  uint64_t dims[MAX_RANK];         /* innermost first */
+  uint64_t strides[MAX_RANK - 1];  /* bytes, of dimensions 1 .. rank - 1 */
+  uint32_t box[MAX_RANK];
+} TensorMapSpec;
+
+typedef struct {
+  _Alignas(64) unsigned char bytes[128];  /* CUtensorMap */
+} TensorMap;
 
 typedef struct {
   CUcontext context;
@@ -126,6 +149,8 @@ typedef struct {
   char* name;
   char* image;  /* NUL-terminated PTX */
   size_t image_size;
+  int num_maps;
+  TensorMapSpec maps[MAX_TENSOR_MAPS];
   atomic_int num_functions;
   ContextFunction functions[MAX_CONTEXTS];
 } Kernel;
@@ -145,15 +170,36 @@ static Kernel* find(uint64_t id) {
   return NULL;
 }
 
-/* Registers kernel `id` (entry `name`, PTX `image` of `size` bytes). Registering an id again with
- * the same kernel does nothing. 0 on success, -1 when the id is taken by another kernel, -2 when
- * the table is full, -3 when out of memory. */
-int jnova_register(uint64_t id, const char* name, const char* image, size_t size) {
+static void decode_maps(int num_maps, const int64_t* words, TensorMapSpec* out) {
+  memset(out, 0, num_maps * sizeof *out);
+  for (int m = 0; m < num_maps; ++m) {
+    const int64_t* w = words + m * MAP_WORDS;
+    TensorMapSpec* t = &out[m];
+    t->buffer = w[0], t->param = w[1], t->dtype = w[2], t->rank = w[3], t->swizzle = w[4];
+    for (int i = 0; i < MAX_RANK; ++i) t->dims[i] = (uint64_t)w[5 + i], t->box[i] = (uint32_t)w[14 + i];
+    for (int i = 0; i < MAX_RANK - 1; ++i) t->strides[i] = (uint64_t)w[10 + i];
+  }
+}
+
+/* Registers kernel `id` (entry `name`, PTX `image` of `size` bytes) with `num_maps` tensor maps
+ * (MAP_WORDS words each: buffer, param, dtype, rank, swizzle, dims[5], strides[4], box[5]).
+ * Registering an id again with the same kernel does nothing. 0 on success, -1 when the id is taken by
+ * another kernel, -2 when the table is full, -3 when out of memory, -4 for more than MAX_TENSOR_MAPS
+ * maps, a map of a rank the driver does not take, or maps that are not the last parameters in order. */
+int jnova_register(uint64_t id, const char* name, const char* image, size_t size, int num_maps,
+                   const int64_t* map_words) {
+  if (num_maps < 0 || num_maps > MAX_TENSOR_MAPS) return -4;
+  TensorMapSpec maps[MAX_TENSOR_MAPS];
+  decode_maps(num_maps, map_words, maps);
+  for (int m = 0; m < num_maps; ++m)
+    if (maps[m].rank < 1 || maps[m].rank > MAX_RANK || maps[m].param != maps[0].param + m || maps[0].param < 0)
+      return -4;
   pthread_mutex_lock(&mutex);
   int status = 0;
   Kernel* k = find(id);
   if (k != NULL) {
-    if (k->image_size != size || memcmp(k->image, image, size) != 0 || strcmp(k->name, name) != 0)
+    if (k->image_size != size || memcmp(k->image, image, size) != 0 || strcmp(k->name, name) != 0 ||
+        k->num_maps != num_maps || memcmp(k->maps, maps, num_maps * sizeof *maps) != 0)
       status = -1;
   } else if (num_kernels >= TABLE_SIZE * 3 / 4) {
     status = -2;
@@ -170,6 +216,8 @@ int jnova_register(uint64_t id, const char* name, const char* image, size_t size
       memcpy(image_copy, image, size);
       image_copy[size] = '\0';
       k->id = id, k->name = name_copy, k->image = image_copy, k->image_size = size;
+      k->num_maps = num_maps;
+      memcpy(k->maps, maps, num_maps * sizeof *maps);
       uint64_t i = 0;
       while (atomic_load_explicit(&table[(id + i) & (TABLE_SIZE - 1)], memory_order_relaxed) != NULL) ++i;
       atomic_store_explicit(&table[(id + i) & (TABLE_SIZE - 1)], k, memory_order_release);
@@ -385,9 +433,10 @@ XLA_FFI_Error* jnova_launch(XLA_FFI_CallFrame* frame) {
   int64_t num_params = frame->args.size + frame->rets.size;
   if (num_params > MAX_PARAMS)
     return error(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "jnova launcher: more than 4096 buffers");
-  /* One array: the buffers' addresses, then the parameters pointing at them. */
-  void* stack_slots[2 * STACK_PARAMS];
-  void** slots = num_params <= STACK_PARAMS ? stack_slots : malloc(2 * num_params * sizeof(void*));
+  /* One array: the buffers' addresses, then the parameters pointing at them and at the tensor maps. */
+  void* stack_slots[2 * STACK_PARAMS + MAX_TENSOR_MAPS];
+  void** slots = num_params <= STACK_PARAMS ? stack_slots
+                                            : malloc((2 * num_params + MAX_TENSOR_MAPS) * sizeof(void*));
   if (slots == NULL)
     return error(frame->api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "jnova launcher: out of memory");
   err = launch(frame, &call, num_params, slots, slots + num_params);
@@ -417,12 +466,54 @@ static XLA_FFI_Error* buffers(XLA_FFI_CallFrame* frame, const Kernel* k, int64_t
   return NULL;
 }
 
+/* The kernel's parameters before its tensor maps: the buffers it declares (a call may have more). */
+static int64_t pointer_params(const Kernel* k, int64_t num_buffers) {
+  return k->num_maps ? k->maps[0].param : num_buffers;
+}
+
+/* The kernel's tensor maps, encoded from its buffers' addresses `pointers`. */
+static XLA_FFI_Error* encode_maps(const XLA_FFI_Api* api, const Kernel* k, int64_t num_params, void** pointers,
+                                  TensorMap* maps) {
+  if (pointer_params(k, num_params) > num_params) {
+    char message[256];
+    snprintf(message, sizeof message, "jnova kernel %s: declares %" PRId64 " buffer parameters, the call has %" PRId64,
+             k->name, pointer_params(k, num_params), num_params);
+    return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, message);
+  }
+  if (k->num_maps > 0 && cu.tensor_map_encode_tiled == NULL) {
+    char message[256];
+    snprintf(message, sizeof message, "jnova kernel %s takes tensor maps, and this CUDA driver has no "
+             "cuTensorMapEncodeTiled (CUDA 12 or later)", k->name);
+    return error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, message);
+  }
+  for (int m = 0; m < k->num_maps; ++m) {
+    const TensorMapSpec* t = &k->maps[m];
+    if (t->buffer < 0 || t->buffer >= num_params) {
+      char message[256];
+      snprintf(message, sizeof message, "jnova kernel %s: tensor map %d is of buffer %" PRId64 ", the call has %" PRId64,
+               k->name, m, t->buffer, num_params);
+      return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, message);
+    }
+    static const uint32_t ones[MAX_RANK] = {1, 1, 1, 1, 1};
+    CUresult r = cu.tensor_map_encode_tiled(maps[m].bytes, (int)t->dtype, (uint32_t)t->rank, pointers[t->buffer],
+                                            t->dims, t->strides, t->box, ones, /*interleave=*/0, (int)t->swizzle,
+                                            /*l2 promotion 256 B=*/3, /*out of bounds: zeros=*/0);
+    if (r != 0) return driver_error(api, r, "cuTensorMapEncodeTiled", k);
+  }
+  return NULL;
+}
+
 static XLA_FFI_Error* launch(XLA_FFI_CallFrame* frame, const Call* call, int64_t num_params, void** pointers,
                              void** params) {
-  /* The kernel's parameter i is buffer i's pointer, which cuLaunchKernel reads through params[i]. */
+  /* The kernel's parameter i is buffer i's pointer, which cuLaunchKernel reads through params[i],
+   * then its tensor maps by value. */
+  TensorMap maps[MAX_TENSOR_MAPS];
   XLA_FFI_Error* err = buffers(frame, call->kernel, num_params, pointers);
+  if (err == NULL) err = encode_maps(frame->api, call->kernel, num_params, pointers, maps);
   if (err == NULL) {
-    for (int64_t i = 0; i < num_params; ++i) params[i] = &pointers[i];
+    int64_t first_map = pointer_params(call->kernel, num_params);
+    for (int64_t i = 0; i < first_map; ++i) params[i] = &pointers[i];
+    for (int m = 0; m < call->kernel->num_maps; ++m) params[first_map + m] = maps[m].bytes;
     const int64_t* g = call->geometry;
     CUresult r = cu.launch_kernel(call->function, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2], (unsigned)g[3],
                                   (unsigned)g[4], (unsigned)g[5], (unsigned)g[6], call->stream, params, NULL);
@@ -465,18 +556,24 @@ XLA_FFI_Error* jnova_launch_record(XLA_FFI_CallFrame* frame) {
   if (num_params > MAX_PARAMS)
     return error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "jnova launcher: more than 4096 buffers");
   void* stack_pointers[STACK_PARAMS];
-  XLA_FFI_KernelArg stack_args[STACK_PARAMS];
+  XLA_FFI_KernelArg stack_args[STACK_PARAMS + MAX_TENSOR_MAPS];
+  TensorMap maps[MAX_TENSOR_MAPS];  /* XLA copies host values */
   int on_heap = num_params > STACK_PARAMS;
   void** pointers = on_heap ? malloc(num_params * sizeof(void*)) : stack_pointers;
-  XLA_FFI_KernelArg* args = on_heap ? malloc(num_params * sizeof(XLA_FFI_KernelArg)) : stack_args;
+  XLA_FFI_KernelArg* args =
+      on_heap ? malloc((num_params + MAX_TENSOR_MAPS) * sizeof(XLA_FFI_KernelArg)) : stack_args;
   if (pointers == NULL || args == NULL) {
     err = error(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "jnova launcher: out of memory");
     goto done;
   }
   if ((err = buffers(frame, call.kernel, num_params, pointers)) != NULL) goto done;
-  for (int64_t i = 0; i < num_params; ++i)
+  if ((err = encode_maps(api, call.kernel, num_params, pointers, maps)) != NULL) goto done;
+  int64_t first_map = pointer_params(call.kernel, num_params);
+  for (int64_t i = 0; i < first_map; ++i)
     args[i] = (XLA_FFI_KernelArg){pointers[i], 0, XLA_FFI_KernelArgType_DevicePtr};
-  XLA_FFI_KernelArgs kernel_args = {args, num_params};
+  for (int m = 0; m < call.kernel->num_maps; ++m)
+    args[first_map + m] = (XLA_FFI_KernelArg){maps[m].bytes, sizeof maps[m].bytes, XLA_FFI_KernelArgType_HostValue};
+  XLA_FFI_KernelArgs kernel_args = {args, first_map + call.kernel->num_maps};
   const Kernel* k = call.kernel;
   const int64_t* g = call.geometry;
   if (record->action == XLA_FFI_RecordAction_Create) {

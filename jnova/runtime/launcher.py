@@ -70,6 +70,13 @@ def choice() -> str:
     return "jaxlib"
 
 
+def tensor_maps_available() -> bool:
+    """Whether kernels compiled now may take TMA descriptors: only jnova's launcher builds them, so
+    not with JNOVA_LAUNCHER=jaxlib nor without a C compiler to build the launcher (a failed build is
+    the one case left: the lowering of such a kernel then says so)."""
+    return os.environ.get("JNOVA_LAUNCHER", "").strip().lower() != "jaxlib" and compiler() is not None
+
+
 def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
@@ -127,7 +134,8 @@ class Launcher:
         self.lib = ctypes.CDLL(str(path))
         self.lib.jnova_launcher_init.argtypes = [ctypes.c_char_p]
         self.lib.jnova_launcher_error.restype = ctypes.c_char_p
-        self.lib.jnova_register.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        self.lib.jnova_register.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                            ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
         self.lib.jnova_is_registered.argtypes = [ctypes.c_uint64]
         self.lib.jnova_module_loads.restype = ctypes.c_long
         self.lib.jnova_counts.argtypes = [ctypes.c_long * 3]
@@ -145,15 +153,19 @@ class Launcher:
         return {"initialize": jax.ffi.pycapsule(self.lib.jnova_launch_initialize),
                 "execute": jax.ffi.pycapsule(self.lib.jnova_launch)}
 
-    def register(self, kernel_id: int, name: str, ptx: str) -> None:
+    def register(self, kernel_id: int, name: str, ptx: str, tensor_maps=()) -> None:
         """Register a kernel (the library copies it, under its own lock); the same kernel again is a no-op.
-        Callers register each kernel once a process (gpu_lowering caches by launch)."""
+        `tensor_maps` (codegen.gpu.launch.TensorMap) are built at each launch and passed after the
+        buffers. Callers register each kernel once a process (gpu_lowering caches by launch)."""
         image = ptx.encode()
-        status = self.lib.jnova_register(kernel_id, name.encode(), image, len(image))
+        words = [w for m in tensor_maps for w in m.words()]
+        status = self.lib.jnova_register(kernel_id, name.encode(), image, len(image), len(tensor_maps),
+                                         (ctypes.c_int64 * max(1, len(words)))(*words))
         if status != 0:
             reason = {-1: "its id is taken by another kernel (a hash collision)",
                       -2: "the launcher's table is full (12288 kernels a process)",
-                      -3: "out of memory"}.get(status, f"status {status}")
+                      -3: "out of memory",
+                      -4: f"{len(tensor_maps)} tensor maps (at most 8, of rank 1 to 5)"}.get(status, f"status {status}")
             raise CompileError("launcher", f"cannot register kernel {name} ({kernel_id:016x}): {reason}")
 
     def is_registered(self, kernel_id: int) -> bool:
@@ -188,10 +200,11 @@ class Launcher:
                                f"{self.lib.jnova_bootstrap_status()})")
 
 
-def kernel_id(name: str, ptx: str) -> int:
-    """A kernel's id: 63 bits of the SHA-256 of its entry name and PTX (MLIR's Python bindings cannot
-    make an unsigned 64-bit attribute of a value above 2**63 - 1)."""
-    digest = hashlib.sha256(name.encode() + b"\0" + ptx.encode()).digest()
+def kernel_id(name: str, ptx: str, tensor_maps=()) -> int:
+    """A kernel's id: 63 bits of the SHA-256 of its entry name, PTX and tensor maps (MLIR's Python
+    bindings cannot make an unsigned 64-bit attribute of a value above 2**63 - 1)."""
+    maps = "".join(f"\0{m.words()}" for m in tensor_maps).encode()
+    digest = hashlib.sha256(name.encode() + b"\0" + ptx.encode() + maps).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 

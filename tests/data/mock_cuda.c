@@ -34,6 +34,22 @@ static void mock_sum_many(unsigned n, void** params) { /* (x_0 .. x_299) -> out 
   }
 }
 
+/* A tensor map as this stand-in encodes it (the real CUtensorMap is opaque): what the launcher passed. */
+typedef struct {
+  float* address;
+  uint32_t dtype, rank, swizzle, aligned;
+  uint64_t dims[5], strides[4];
+  uint32_t box[5];
+} MockMap;
+
+static void mock_through_map(unsigned n, void** params) { /* (a) -> out, with a's tensor map after out */
+  const MockMap* map = (const MockMap*)params[2];
+  float* out = *(float**)params[1];
+  float extra = (float)(map->dims[0] + map->dims[1] + map->strides[0] + map->box[0] + map->box[1] + map->dtype +
+                        map->swizzle + map->rank + 1000 * !(((uintptr_t)params[2] & 63) == 0));
+  for (unsigned i = 0; i < n; ++i) out[i] = map->address[i] + extra;
+}
+
 static long loads, launches;
 static int context = 1, depth, max_dynamic_shared;
 static int64_t last_launch[7];
@@ -68,6 +84,7 @@ CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
   if (strcmp(name, "mock_add") == 0) *function = (void*)mock_add;
   else if (strcmp(name, "mock_axpy_inplace") == 0) *function = (void*)mock_axpy_inplace;
   else if (strcmp(name, "mock_sum_many") == 0) *function = (void*)mock_sum_many;
+  else if (strcmp(name, "mock_through_map") == 0) *function = (void*)mock_through_map;
   else return 500; /* CUDA_ERROR_NOT_FOUND */
   return 0;
 }
@@ -87,5 +104,16 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
 }
 CUresult cuGetErrorString(CUresult error, const char** text) {
   *text = error == 218 ? "mock: invalid PTX" : error == 500 ? "mock: named symbol not found" : "mock: error";
+  return 0;
+}
+CUresult cuTensorMapEncodeTiled(void* map, int dtype, uint32_t rank, void* address, const uint64_t* dims,
+                                const uint64_t* strides, const uint32_t* box, const uint32_t* element_strides,
+                                int interleave, int swizzle, int l2_promotion, int oob_fill) {
+  (void)element_strides, (void)interleave, (void)l2_promotion, (void)oob_fill;
+  if (rank < 1 || rank > 5) return 1; /* CUDA_ERROR_INVALID_VALUE */
+  MockMap m = {address, (uint32_t)dtype, rank, (uint32_t)swizzle, 0, {0}, {0}, {0}};
+  for (uint32_t i = 0; i < rank; ++i) m.dims[i] = dims[i], m.box[i] = box[i];
+  for (uint32_t i = 0; i + 1 < rank; ++i) m.strides[i] = strides[i];
+  memcpy(map, &m, sizeof m);
   return 0;
 }

@@ -51,4 +51,4 @@ def compile_gpu_kernel(kernel: Kernel, target: Target) -> GpuLaunch:
         raise LoweringError(f"{kernel.name}: block {module.block} is not a whole number of warps along x")
     major, minor = target.compute_capability
     return GpuLaunch(module.name, to_ptx(module.text), module.grid, module.block, module.shared_mem_bytes,
-                     10 * major + minor, module.schedule, module.text, module.aliases)
+                     10 * major + minor, module.schedule, module.text, module.aliases, module.tensor_maps)

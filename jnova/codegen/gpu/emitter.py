@@ -33,6 +33,7 @@ class GpuModule:
     shared_mem_bytes: int  # dynamic shared memory; static (workgroup) buffers are in the PTX
     schedule: str  # the schedule it was built with, printed
     aliases: tuple[tuple[int, int], ...] = ()  # (input index, output index) pairs sharing a buffer
+    tensor_maps: tuple = ()  # launch.TensorMap descriptors passed by value after the buffers
 
 
 class GpuEmitter(KernelEmitter):

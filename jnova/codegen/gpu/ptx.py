@@ -39,7 +39,7 @@ _ESCAPE = re.compile(r"\\(\\|[0-9A-Fa-f]{2})")
 def to_ptx(module_text: str) -> str:
     """The PTX of a module holding one `gpu.module` (raises CompileError naming the failed stage)."""
     llvm = run_pipeline("gpu", module_text, stage="lower_gpu")
-    llvm = extern_dynamic_shared_memory(llvm)
+    llvm = by_value_tensor_maps(extern_dynamic_shared_memory(llvm))
     binary = run_pipeline("gpu-isa", llvm, stage="gpu_to_ptx")
     found = _ASSEMBLY.search(binary)
     if found is None:
@@ -52,6 +52,20 @@ def extern_dynamic_shared_memory(llvm_text: str) -> str:
     """`.extern .shared .align 1024 .b8 name[]` for gpu.dynamic_shared_memory (else 1 byte is reserved)."""
     return _DYNAMIC_SHARED.sub(r"llvm.mlir.global external \1 {addr_space = 3 : i32, alignment = 1024 : i64",
                                llvm_text)
+
+
+TENSOR_MAP_ALIGN = 64  # the `llvm.align` that marks a gpu.func argument as a by-value tensor map
+_TENSOR_MAP_ARG = f"!llvm.ptr {{llvm.align = {TENSOR_MAP_ALIGN} : i64}}"
+
+
+def by_value_tensor_maps(llvm_text: str) -> str:
+    """Kernel arguments `!llvm.ptr {llvm.align = 64}` become by-value 128-byte CUtensorMaps
+    (`.param .align 64 .b8 [128]`) whose generic address the kernel reads (`cvta.param`), as CUDA's
+    `__grid_constant__ const CUtensorMap`: gpu.func takes neither `llvm.byval` nor
+    `nvvm.grid_constant`, which only a kernel's llvm.func may carry, so they are added after
+    gpu-to-nvvm. Memref arguments are 16-byte aligned and unchanged."""
+    return llvm_text.replace(_TENSOR_MAP_ARG, f"!llvm.ptr {{llvm.align = {TENSOR_MAP_ALIGN} : i64, "
+                                              f"llvm.byval = !llvm.array<128 x i8>, nvvm.grid_constant}}")
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,13 @@ VARIANTS = {  # other schedules than the configurator's, to see where its choice
                  "block=128x128x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
                  "block=128x128x64 warps=8x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128",
                  "block=128x128x64 warps=4x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
-                 "block=128x256x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128"],
+                 "block=128x256x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
+                 # warp-specialized, fed by TMA: the config is one consumer's tile (matmul_tma.py)
+                 "block=128x128x64 warps=4x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong",
+                 "block=128x128x64 warps=4x1 stages=5 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong",
+                 "block=128x192x64 warps=4x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong",
+                 "block=128x192x64 warps=4x1 stages=5 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong",
+                 "block=192x128x64 warps=4x1 stages=5 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong"],
 }
 TOLERANCE = {"float32": 2e-3, "bfloat16": 1e-3}  # vs XLA: both TF32 / both f32-accumulated bf16
 
@@ -152,7 +158,7 @@ def mainloop_only(target, shapes, dtypes, notes: list, variants: bool = False) -
         for m, n, k in shapes:
             problem = ContractionProblem(m, n, k, operand_dtype=dtype)
             configs = [choose_tiles(problem, target)]
-            configs += [TileConfig.parse(v) for v in VARIANTS[dtype]] if variants else []
+            configs += [TileConfig.parse(v) for v in VARIANTS[dtype] if "pingpong" not in v] if variants else []
             for config in configs:
                 matmul_module.store_fragments = no_store
                 try:

@@ -43,7 +43,7 @@ from jnova.passes.split_contractions import split_contractions
 from jnova.passes.transpose_operands import transpose_operands
 from jnova.primitives import backends
 from jnova.primitives.executor import step_function
-from jnova.runtime import collector
+from jnova.runtime import collector, launcher
 from jnova.runtime.cache import ARTIFACTS
 from jnova.runtime.disk_cache import open_cache
 from jnova.runtime.dump import StepDump
@@ -121,6 +121,8 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     times: dict[str, float] = {}
     stage = functools.partial(_stage, times)
     target_name = target.name if target is not None else "cpu"
+    if backend == "gpu" and not launcher.tensor_maps_available():  # kernels that take TMA descriptors are
+        target_name += " without tensor maps"  # chosen only where jnova's launcher can build them: part of the keys
     with collector.paused():            # (tracing allocates ~1M short-lived objects: collector.py)
         with stage("trace"):            # capture: fwd + bwd + update as one jaxpr
             captured = trace(fn, args, kwargs)

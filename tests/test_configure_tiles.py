@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jnova.passes.configure_tiles import (
-    ATTENTION_KV_SEEDS, MMA_KINDS, ContractionProblem, TileConfig, attention_tiles, choose_tiles, explain)
+    ATTENTION_KV_SEEDS, MMA_KINDS, PINGPONG_TILE_EFFICIENCY, ContractionProblem, TileConfig, attention_tiles,
+    choose_tiles, explain)
 from jnova.runtime.target import KiB, PRESETS
 
 H200, RTX3060, ADA = PRESETS["h200"], PRESETS["rtx3060"], PRESETS["rtx6000ada"]
@@ -88,7 +89,7 @@ def test_wgmma_warps_come_in_warpgroups():
 
 def test_tile_family_grows_with_arithmetic_intensity():
     small = choose_tiles(ContractionProblem(512, 512, 512), H200)
-    large = choose_tiles(ContractionProblem(5120, 5120, 5120, operand_dtype="bfloat16"), H200)
+    large = choose_tiles(ContractionProblem(5120, 5120, 5120, operand_dtype="bfloat16"), H200, tensor_maps=False)
     assert (small.block_m, small.block_n) == (64, 64)
     assert (large.block_m, large.block_n) == (256, 128)
 
@@ -137,8 +138,45 @@ def test_small_problems_trade_tile_size_for_sm_fill():
 def test_a_partial_wave_of_large_bf16_tiles_beats_waves_of_small_ones():
     # 4096x768: 96 tiles of 256x128 (one wave, 73% busy) against 384 of 128x64 (three waves): the
     # large tiles ran 1.3-1.5x faster on the H200 (bf16 128x64 tiles at 0.49-0.58 of 256x128's rate)
-    cfg = choose_tiles(ContractionProblem(4096, 768, 3072, operand_dtype="bfloat16"), H200)
+    cfg = choose_tiles(ContractionProblem(4096, 768, 3072, operand_dtype="bfloat16"), H200, tensor_maps=False)
     assert cfg.block_m * cfg.block_n == 256 * 128
+
+
+GPT2_BF16 = [(16384, 3072, 768, "row", "row"), (16384, 768, 3072, "row", "col"), (16384, 50304, 768, "row", "row"),
+             (16384, 768, 50304, "row", "col"), (4096, 768, 50304, "row", "row"), (4096, 768, 3072, "row", "row"),
+             (3072, 768, 8192, "col", "row")]
+
+
+@pytest.mark.parametrize("m, n, k, a_layout, b_layout", GPT2_BF16)
+def test_gpt2_bf16_contractions_take_the_warp_specialized_kernel(m, n, k, a_layout, b_layout):
+    """Rule 8: on the H200 the TMA-fed ping-pong kernel's 128x192 consumer tiles ran every GPT-2 bf16
+    shape 1.08-1.31x faster than rule 2's choice (benchmarks/matmul.py --variants, 2026-12-01); without
+    tensor maps (jaxlib's kernel call) or for TF32, rule 2 decides."""
+    problem = ContractionProblem(m, n, k, operand_dtype="bfloat16", a_layout=a_layout, b_layout=b_layout)
+    cfg = choose_tiles(problem, H200)
+    assert cfg.pingpong and (cfg.warps_m, cfg.warps_n, cfg.block_k) == (4, 1, 64)
+    assert (cfg.block_m, cfg.block_n) in PINGPONG_TILE_EFFICIENCY and cfg.smem_bytes <= H200.smem_per_block_optin
+    assert not choose_tiles(problem, H200, tensor_maps=False).pingpong
+    assert not choose_tiles(dataclasses.replace(problem, operand_dtype="float32"), H200).pingpong
+    assert "ping-pong 128x192" in explain(problem, H200)
+
+
+def test_the_warp_specialized_kernel_needs_tma_and_whole_16_byte_rows():
+    big = dict(m=16384, n=3072, k=768, operand_dtype="bfloat16")
+    assert choose_tiles(ContractionProblem(**big), H200).pingpong
+    assert not choose_tiles(ContractionProblem(**big), PRESETS["rtx6000ada"]).pingpong  # sm_89: no wgmma
+    assert not choose_tiles(ContractionProblem(**{**big, "k": 770}), H200).pingpong  # rows of A: 1540 B
+    assert not choose_tiles(ContractionProblem(**{**big, "n": 3070}), H200).pingpong  # rows of B
+    assert choose_tiles(ContractionProblem(**{**big, "n": 3070}, b_layout="col"), H200).pingpong  # B K-major
+    split = ContractionProblem(768, 768, 1024, batch=8, operand_dtype="bfloat16", a_split_k=True)
+    assert not choose_tiles(split, H200).pingpong
+
+
+def test_few_large_tiles_keep_the_two_warpgroup_kernel():
+    """1024x768 (K = 3072): 32 consumer tiles leave most SMs idle either way, and rule 2's 128x64
+    tiles fill them (96 blocks)."""
+    cfg = choose_tiles(ContractionProblem(1024, 768, 3072, operand_dtype="bfloat16"), H200)
+    assert not cfg.pingpong and (cfg.block_m, cfg.block_n) == (128, 64)
 
 
 def test_stages_fall_back_4_3_2_with_the_smem_limit():
@@ -217,6 +255,8 @@ def test_printed_form():
     assert str(cfg) == text and TileConfig.parse(text) == cfg
     assert TileConfig.parse(text.replace(" split_k=1", "")) == cfg
     assert TileConfig.parse(text.replace("split_k=1", "split_k=4")).split_k == 4
+    pingpong = TileConfig(128, 192, 64, 4, 1, 4, "wgmma_bf16_m64nNk16", 128, pingpong=True)
+    assert str(pingpong).endswith("split_k=1 pingpong") and TileConfig.parse(str(pingpong)) == pingpong
 
 
 @st.composite
@@ -229,7 +269,7 @@ def tile_configs(draw):
         block_m=16 * warps_m * draw(st.integers(1, 4)), block_n=8 * warps_n * draw(st.integers(1, 16)),
         block_k=mma_k * draw(st.integers(1, 8)), warps_m=warps_m, warps_n=warps_n,
         stages=draw(st.integers(1, 4)), mma=mma, swizzle=draw(st.sampled_from([128, 64, 32])),
-        split_k=draw(st.integers(1, 8)))
+        split_k=draw(st.integers(1, 8)), pingpong=draw(st.booleans()))
 
 
 @given(tile_configs())
@@ -245,6 +285,7 @@ def test_any_valid_config_round_trips(cfg):
     ("block=100x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128", "does not split"),
     ("block=128x128x12 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128", "block_k=12"),
     ("block=128x128x64 warps=2x2 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128", "warpgroups"),
+    ("block=128x128x64 warps=4x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong2", "cannot parse"),
 ])
 def test_bad_overrides_are_rejected(text, message):
     with pytest.raises(ValueError, match=message):

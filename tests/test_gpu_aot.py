@@ -137,3 +137,29 @@ def test_gpu_kernel_handles_are_equal_by_value():
     assert len({GpuKernelHandle(launch, f32), GpuKernelHandle(launch, f32)}) == 1
     assert GpuKernelHandle(launch, f32) != GpuKernelHandle(launch, [TensorType((4,), "int32")])
     assert GpuKernelHandle(launch, f32) != GpuKernelHandle(launch, f32, aliases=((0, 0),))
+
+
+def test_a_bf16_contraction_takes_tensor_maps_through_the_cache(monkeypatch, tmp_path):
+    """A bf16 contraction of GPT-2's size gets the TMA-fed kernel: its launch carries the tensor maps
+    (kept in the persistent cache, so a restored step lowers to the same call), and without jnova's
+    launcher (jaxlib's kernel call cannot pass them) another cache entry holds the cp.async kernel."""
+    import jax.numpy as jnp
+
+    monkeypatch.setenv("JNOVA_CACHE_DIR", str(tmp_path))
+    a = jax.ShapeDtypeStruct((4096, 768), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((768, 3072), jnp.bfloat16)
+
+    def matmul(a, b):
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+
+    first = jnova.compile(matmul, target="h200").lower(a, b)
+    launches = first.as_text("launches")
+    assert "matmul[tma-pingpong]" in launches and "tensor_map[0]=64x128 tensor_map[1]=64x64" in launches
+    assert "cp.async.bulk.tensor" in first.as_text("ptx")
+    again = jnova.compile(matmul, target="h200").lower(a, b)
+    assert again.stats()["cache_hit"] == "disk" and again.as_text("launches") == launches
+    if launcher.choice() == "jnova":
+        assert again.as_text("hlo") == first.as_text("hlo")
+    monkeypatch.setenv("JNOVA_LAUNCHER", "jaxlib")
+    other = jnova.compile(matmul, target="h200").lower(a, b)
+    assert other.stats()["cache_hit"] is None and "tma-pingpong" not in other.as_text("launches")

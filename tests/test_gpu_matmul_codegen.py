@@ -46,7 +46,8 @@ def _build(dtype, m, n, k, batch, a_layout, b_layout, epilogue) -> tuple[GpuKern
 
 
 def _entry_params(ptx: str) -> int:
-    return len(re.findall(r"\.param \.u64 \.ptr", ptx))
+    """Pointer parameters and by-value tensor maps of the kernel's entry."""
+    return len(re.findall(r"\.param \.u64 \.ptr", ptx)) + len(re.findall(r"\.param \.align 64 \.b8 \w+\[128\]", ptx))
 
 
 @requires_ptxas
@@ -58,11 +59,14 @@ def test_matmul_ptx_assembles_without_spills(dtype, m, n, k, batch, a_layout, b_
     assert report.spills == 0 and report.stack_frame == 0, report.log
     assert "Potential Performance Loss" not in report.log, report.log  # e.g. serialized wgmma
     assert kernel.shared_mem_bytes <= H200.smem_per_block_optin
-    assert _entry_params(kernel.ptx) == len(kernel.params)
+    assert _entry_params(kernel.ptx) == len(kernel.params) + len(kernel.tensor_maps)
     assert kernel.params[-1] == ("out", "c") and all(role == "in" for role, _ in kernel.params[:-1])
-    assert kernel.grid[2] == batch and kernel.block[0] % 32 == 0
-    assert "cp.async" in kernel.ptx
-    assert "fence.proxy.async" in kernel.ptx  # cp.async writes, then wgmma reads through the async proxy
+    assert kernel.block[0] % 32 == 0
+    if config.pingpong:  # rule 8: TMA copies complete mbarrier transactions; blocks walk the batch's tiles
+        assert "cp.async.bulk.tensor" in kernel.ptx and len(kernel.tensor_maps) >= 2
+    else:
+        assert kernel.grid[2] == batch and "cp.async" in kernel.ptx and not kernel.tensor_maps
+        assert "fence.proxy.async" in kernel.ptx  # cp.async writes, then wgmma reads through the async proxy
     if dtype == "bfloat16":
         assert "wgmma.mma_async.sync.aligned.m64n" in kernel.ptx and ".bf16.bf16" in kernel.ptx
     else:  # TF32 wgmma reads both operands K-major: an MN-major one is transposed by 4-byte copies
@@ -194,3 +198,87 @@ def test_persistent_kernel_assembles_without_spills():
     report = assemble_check(kernel.ptx, "sm_90a")
     print(kernel.schedule, report)
     assert "persistent" in kernel.schedule and report.spill_stores == report.spill_loads == 0
+
+
+PINGPONG = "block={} warps=4x1 stages={} mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong"
+
+
+@requires_ptxas
+@pytest.mark.parametrize("m, n, k, batch, a_layout, b_layout, epilogue", [
+    (16384, 3072, 768, 1, "row", "row", None),
+    (16384, 768, 3072, 1, "row", "col", MatmulEpilogue(bias="float32", residual="float32")),
+    (3072, 768, 8192, 1, "col", "row", None),
+    (1000, 200, 72, 3, "col", "col", PINGPONG.format("128x128x64", 5)),  # masked edges, batches (an override)
+])
+def test_warp_specialized_kernel_takes_tensor_maps_and_assembles_without_spills(m, n, k, batch, a_layout, b_layout,
+                                                                                epilogue):
+    """The configurator's ping-pong kernel: one producer thread issues TMA copies through two by-value
+    descriptors that follow the buffers; consumers change their register budget (setmaxnreg) and
+    run wgmma without the serialization ptxas falls back to under a branch it cannot prove uniform."""
+    problem = ContractionProblem(m, n, k, batch=batch, operand_dtype="bfloat16", a_layout=a_layout, b_layout=b_layout)
+    if isinstance(epilogue, str):
+        config, epilogue = TileConfig.parse(epilogue), MatmulEpilogue(bias="bfloat16", residual="float32")
+    else:
+        config = choose_tiles(problem, H200)
+    assert config.pingpong, config
+    kernel = build_matmul(problem, config, H200, epilogue)
+    buffers = len(kernel.params)
+    assert [(t.buffer, t.param) for t in kernel.tensor_maps[:2]] == [(0, buffers), (1, buffers + 1)]
+    maps = 2 + (epilogue is None)  # C leaves by TMA stores unless the epilogue adds bias or residual
+    assert [(t.buffer, t.param) for t in kernel.tensor_maps[2:]] == [(buffers - 1, buffers + 2)] * (maps - 2)
+    assert kernel.ptx.count(".param .align 64 .b8") == maps and kernel.ptx.count("cvta.param.u64") == maps
+    assert "cp.async.bulk.tensor" in kernel.ptx and "mbarrier.arrive.expect_tx" in kernel.ptx
+    assert re.search(r"setmaxnreg.dec.sync.aligned.u32\s+40;", kernel.ptx)
+    assert re.search(r"setmaxnreg.inc.sync.aligned.u32\s+232;", kernel.ptx)
+    assert kernel.block == (384, 1, 1) and kernel.grid[0] <= H200.sm_count
+    report = assemble_check(kernel.ptx, "sm_90a")
+    print(kernel.schedule, report)
+    assert report.spill_stores == report.spill_loads == 0
+
+
+@pytest.mark.parametrize("a_layout, b_layout, batch", [("row", "row", 1), ("col", "col", 3), ("col", "row", 2)])
+def test_tensor_maps_describe_the_operands_as_the_tiles_lie_in_shared_memory(a_layout, b_layout, batch):
+    """A K-major operand's box is its whole k-tile (64 elements of K by the tile's rows); an MN-major
+    one's is one 128-byte panel (64 elements of M or N by 64 of K), copied once per panel; the batch is
+    the outer dimension."""
+    from jnova.codegen.gpu import matmul_tma
+
+    problem = ContractionProblem(1000, 200, 72, batch=batch, operand_dtype="bfloat16", a_layout=a_layout,
+                                 b_layout=b_layout)
+    config = TileConfig.parse(PINGPONG.format("128x192x64", 4))
+    a, b = matmul_tma.tensor_maps(problem, config, 3)
+    outer = lambda dims, stride: (dims + (batch,), (stride,)) if batch > 1 else (dims, ())
+    want_a = ((72, 1000), (64, 128)) if a_layout == "row" else ((1000, 72), (64, 64))
+    want_b = ((72, 200), (64, 192)) if b_layout == "col" else ((200, 72), (64, 64))
+    for got, (dims, box), param in ((a, want_a, 3), (b, want_b, 4)):
+        extra_dims, extra_strides = outer((), 1000 * 72 * 2 if got.buffer == 0 else 72 * 200 * 2)
+        assert got.param == param and got.dims == dims + extra_dims and got.box == box + ((1,) if batch > 1 else ())
+        assert got.strides == (dims[0] * 2,) + extra_strides and got.swizzle == 128 and got.dtype == "bfloat16"
+    c = matmul_tma.c_tensor_map(problem, config, 2, 5)  # C: 32 f32 columns (128 bytes) by the tile's rows
+    assert (c.buffer, c.param, c.dtype, c.box[:2], c.swizzle) == (2, 5, "float32", (32, 128), 128)
+    assert (c.dims, c.strides) == (((200, 1000, 3), (800, 800000)) if batch == 3 else
+                                   ((200, 1000, 2), (800, 800000)) if batch == 2 else ((200, 1000), (800,)))
+    module = matmul_module(problem, config, H200)
+    assert module.schedule.endswith("pingpong store=tma") and len(module.tensor_maps) == 3
+    panels = {"row": 1, "col": 2}  # copies per k-tile: the 128-row A tile is two 64-column panels M-major
+    copies = panels[a_layout] + (1 if b_layout == "col" else 3)
+    assert module.text.count("nvvm.cp.async.bulk.tensor.shared.cluster.global") == copies
+
+
+def test_warp_specialized_kernel_refusals_name_the_reason():
+    config = TileConfig.parse(PINGPONG.format("128x128x64", 4))
+    odd = ContractionProblem(1000, 77, 64, operand_dtype="bfloat16")
+    with pytest.raises(LoweringError, match="rows of B of 77 elements"):
+        matmul_module(odd, config, H200)
+    with pytest.raises(LoweringError, match="a consumer is one warpgroup"):
+        matmul_module(ContractionProblem(1024, 1024, 64, operand_dtype="bfloat16"),
+                      TileConfig.parse("block=128x128x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128 "
+                                       "pingpong"), H200)
+    with pytest.raises(LoweringError, match="256 accumulators a consumer thread"):
+        matmul_module(ContractionProblem(1024, 1024, 64, operand_dtype="bfloat16"),
+                      TileConfig.parse(PINGPONG.format("128x256x64", 3)), H200)
+    with pytest.raises(LoweringError, match="16-bit wgmma"):
+        matmul_module(ContractionProblem(1024, 1024, 64), TileConfig.parse(
+            "block=128x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong"), H200)
+    with pytest.raises(LoweringError, match="needs wgmma"):
+        matmul_module(ContractionProblem(1024, 1024, 64, operand_dtype="bfloat16"), config, get_target("rtx6000ada"))

@@ -32,6 +32,13 @@ The rules (Nova report, section 4.4):
    first (`passes/transpose_operands.py`) when its DRAM round trip costs less than the main loop
    gains, and its copy is at most `TRANSPOSE_MAX_BYTES` (memory held until the contraction runs).
 
+8. Warp-specialized kernel (`PINGPONG_TILE_EFFICIENCY`; 16-bit operands on targets with TMA, when
+   the kernel can be launched with tensor maps): a persistent block of a TMA producer and two
+   consumer warpgroups that take tiles in turn, so one stores its tile while the other computes
+   (`codegen/gpu/matmul_tma.py`). Each SM works through ceil(tiles / SMs) consumer tiles; that count
+   x tile area / the tile's measured efficiency (rule 2's units) against rule 2's choice picks it.
+   It needs rows of A and B in whole 16-byte units (TMA strides) and no split-K slices of A.
+
 Attention is the exception (report, section 4.2): `attention_tiles` picks a fixed 64-row query tile and
 the largest key tile from a short seed list whose fused-loop footprint fits.
 """
@@ -71,6 +78,14 @@ WGMMA_TILE_EFFICIENCY = {"tf32": (0.4, 0.7, 0.68, 1.0), "16-bit": (0.35, 0.6, 0.
                          # time): 128x64 tiles ran GPT-2's at ~70 TFLOP/s per full wave, 256x128 ones 126-139
                          "tf32-mn": (0.3, 0.55, 0.68, 1.0)}
 
+
+# The warp-specialized ping-pong kernel's consumer tiles, their throughput relative to rule 2's top
+# rung (the 256x128 tile of two warpgroups = 1.0). H200, benchmarks/matmul.py --variants on the six
+# GPT-2 bf16 shapes (2026-12-01, 4 stages, C stored from registers): 128x192 1.08-1.31 (median 1.2),
+# 192x128 0.9-1.22, 128x128 1.03-1.23; with TMA stores of C 128x192 ran 1.3-1.4 on the K = 768
+# shapes. A consumer holds its tile's f32 accumulators: 192 registers at most.
+PINGPONG_TILE_EFFICIENCY = {(128, 192): 1.2, (192, 128): 1.1, (128, 128): 1.08}
+PINGPONG_STAGES = 4  # 4 stages measured at or above 5 and 6 on those shapes
 
 SPLIT_K_MAX = 16
 SPLIT_K_MIN_K = 512  # contracting elements per partial product: the pipeline's fill and drain amortized
@@ -153,11 +168,12 @@ class TileConfig:
     mma: str
     swizzle: int
     split_k: int = 1
+    pingpong: bool = False  # the warp-specialized TMA kernel (codegen/gpu/matmul_tma.py): a consumer's tile
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name != "mma" and (not isinstance(value, int) or value < 1):
+            if f.name not in ("mma", "pingpong") and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"TileConfig.{f.name} must be a positive int, got {value!r}")
         if self.mma not in MMA_KINDS:
             raise ValueError(f"TileConfig.mma={self.mma!r}; expected one of {MMA_KINDS}")
@@ -201,18 +217,21 @@ class TileConfig:
 
     def __str__(self) -> str:
         return (f"block={self.block_m}x{self.block_n}x{self.block_k} warps={self.warps_m}x{self.warps_n} "
-                f"stages={self.stages} mma={self.mma} swizzle={self.swizzle} split_k={self.split_k}")
+                f"stages={self.stages} mma={self.mma} swizzle={self.swizzle} split_k={self.split_k}"
+                f"{' pingpong' if self.pingpong else ''}")
 
     @classmethod
     def parse(cls, text: str) -> TileConfig:
         """Read the form `str(cfg)` prints (split_k may be left out)."""
-        form = r"block=(\d+)x(\d+)x(\d+) warps=(\d+)x(\d+) stages=(\d+) mma=(\S+) swizzle=(\d+)(?: split_k=(\d+))?"
+        form = (r"block=(\d+)x(\d+)x(\d+) warps=(\d+)x(\d+) stages=(\d+) mma=(\S+) swizzle=(\d+)(?: split_k=(\d+))?"
+                r"( pingpong)?")
         match = re.fullmatch(form, " ".join(text.split()))
         if match is None:
             raise ValueError(f"cannot parse tile config {text!r}; expected e.g. "
                              "'block=128x128x32 warps=2x2 stages=3 mma=mma_sync_tf32_16x8x8 swizzle=128 split_k=1'")
-        bm, bn, bk, wm, wn, stages, mma, swizzle, split_k = match.groups()
-        return cls(int(bm), int(bn), int(bk), int(wm), int(wn), int(stages), mma, int(swizzle), int(split_k or 1))
+        bm, bn, bk, wm, wn, stages, mma, swizzle, split_k, pingpong = match.groups()
+        return cls(int(bm), int(bn), int(bk), int(wm), int(wn), int(stages), mma, int(swizzle), int(split_k or 1),
+                   bool(pingpong))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,16 +256,19 @@ class _Decision:
     chosen: _Candidate
     memory_side: bool
     config: TileConfig
+    time: float = 0.0  # rule 2's weighed time of the chosen tiling (wgmma)
+    pingpong: tuple = ()  # ((bm, bn), time) of the ping-pong tiles weighed (rule 8)
 
 
-def choose_tiles(problem: ContractionProblem, target: Target) -> TileConfig:
-    """The tile schedule for `problem` on `target` (rules in the module docstring)."""
-    return _decide(problem, target).config
+def choose_tiles(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> TileConfig:
+    """The tile schedule for `problem` on `target` (rules in the module docstring); `tensor_maps`:
+    whether the kernel can take TMA descriptors (jnova's launcher builds them, jaxlib's call does not)."""
+    return _decide(problem, target, tensor_maps).config
 
 
-def explain(problem: ContractionProblem, target: Target) -> str:
+def explain(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> str:
     """The numbers behind `choose_tiles(problem, target)`, for debug logs."""
-    d = _decide(problem, target)
+    d = _decide(problem, target, tensor_maps)
     elem = problem.operand_bytes
     lines = [
         f"problem {problem.batch}x{problem.m}x{problem.n}x{problem.k} {problem.operand_dtype} on {target}",
@@ -259,13 +281,15 @@ def explain(problem: ContractionProblem, target: Target) -> str:
                      f"fill={c.fill:.2f} traffic={c.traffic / 1e6:.1f} MB intensity={c.intensity:.1f} FLOP/B")
     side = "memory side: more warps" if d.memory_side else "compute side"
     cfg = d.config
+    for (bm, bn), time in d.pingpong:
+        lines.append(f"   ping-pong {bm}x{bn}: {time:.0f} against {d.time:.0f} (tile area x tiles per SM / efficiency)")
     lines.append(f"{side}; smem {cfg.stage_bytes} B/stage x {cfg.stages} = {cfg.smem_bytes} B "
                  f"(limit {target.smem_per_block_optin} B/block)")
     lines.append(f"-> {cfg}")
     return "\n".join(lines)
 
 
-def _decide(problem: ContractionProblem, target: Target) -> _Decision:
+def _decide(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> _Decision:
     mma = _mma_kind(problem.operand_dtype, target)
     elem = problem.operand_bytes
     balance = target.balance_point(problem.operand_dtype)
@@ -295,17 +319,42 @@ def _decide(problem: ContractionProblem, target: Target) -> _Decision:
         mma = _mma_sync_form(mma)
     warps_m, warps_n = _warps(chosen.block_m, chosen.block_n, mma, memory_side, target)
     config = _pipeline(problem, chosen.block_m, chosen.block_n, warps_m, warps_n, mma, target)
-    return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config)
+    if not (mma.startswith("wgmma") and problem.operand_bytes == 2 and tensor_maps and target.has("tma")
+            and _pingpong_takes(problem)):
+        return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config)
+    time = _wgmma_time(chosen, _family(problem, mma))
+    weighed = tuple(((bm, bn), _pingpong_time(problem, target, bm, bn)) for bm, bn in PINGPONG_TILE_EFFICIENCY)
+    (bm, bn), best = min(weighed, key=lambda w: w[1])
+    if best < time:
+        pingpong = TileConfig(bm, bn, 64, 4, 1, PINGPONG_STAGES, mma, 128, pingpong=True)
+        if pingpong.smem_bytes <= target.smem_per_block_optin:
+            config = pingpong
+    return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config, time, weighed)
 
 
-def choose_split_k(problem: ContractionProblem, target: Target) -> int:
-    """How many partial products over K a contraction is split into (rule 6); 1 = not split."""
-    return _best_split(_split_times(problem, target))
+def _pingpong_takes(problem: ContractionProblem) -> bool:
+    """Rule 8's conditions on the problem (what `matmul_tma.refusal` checks of a problem)."""
+    p = problem
+    inner_a = p.k if p.a_layout == "row" else p.m
+    inner_b = p.k if p.b_layout == "col" else p.n
+    return not p.a_split_k and inner_a % 8 == 0 and inner_b % 8 == 0
 
 
-def explain_split_k(problem: ContractionProblem, target: Target) -> str:
+def _pingpong_time(problem: ContractionProblem, target: Target, bm: int, bn: int) -> float:
+    """Rule 8: consumer tiles per SM x tile area / efficiency, in `_wgmma_time`'s units."""
+    tiles = problem.batch * math.ceil(problem.m / bm) * math.ceil(problem.n / bn)
+    return math.ceil(tiles / target.sm_count) * bm * bn / PINGPONG_TILE_EFFICIENCY[(bm, bn)]
+
+
+def choose_split_k(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> int:
+    """How many partial products over K a contraction is split into (rule 6); 1 = not split.
+    `tensor_maps` as for `choose_tiles`: each side is timed with the kernel it would get."""
+    return _best_split(_split_times(problem, target, tensor_maps))
+
+
+def explain_split_k(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> str:
     """The estimated time of every split `choose_split_k` weighed, for debug logs."""
-    times = _split_times(problem, target)
+    times = _split_times(problem, target, tensor_maps)
     best = _best_split(times)
     return "; ".join(f"{'*' if s == best else ''}S={s}: {t * 1e6:.1f} us" for s, t in times)
 
@@ -317,12 +366,12 @@ def _best_split(times: list[tuple[int, float]]) -> int:
     return split if seconds <= SPLIT_K_MIN_GAIN * times[0][1] else 1
 
 
-def _split_times(problem: ContractionProblem, target: Target) -> list[tuple[int, float]]:
+def _split_times(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> list[tuple[int, float]]:
     """(S, estimated seconds) for S = 1 and every split that rule 6 allows."""
     mma = _mma_kind(problem.operand_dtype, target)
     if not (mma.startswith("wgmma") and problem.batch == 1 and problem.b_layout == "row"):
         return [(1, 0.0)]  # no split to weigh: no time model needed
-    whole = [(1, _contraction_seconds(problem, target, mma))]
+    whole = [(1, _contraction_seconds(problem, target, mma, tensor_maps))]
     partial_bytes = problem.m * problem.n * OPERAND_BYTES[problem.out_dtype]
     for s in range(2, SPLIT_K_MAX + 1):
         if problem.k % s or problem.k // s < SPLIT_K_MIN_K:
@@ -332,7 +381,7 @@ def _split_times(problem: ContractionProblem, target: Target) -> list[tuple[int,
         part = dataclasses.replace(problem, batch=s, k=problem.k // s, a_split_k=problem.a_layout == "row")
         # the partial products are written and read back once more than the result would be
         extra = 2 * s * partial_bytes / (SPLIT_K_DRAM_EFFICIENCY * target.dram_bytes_per_s) + SPLIT_K_SUM_LAUNCH_S
-        whole.append((s, _contraction_seconds(part, target, mma) + extra))
+        whole.append((s, _contraction_seconds(part, target, mma, tensor_maps) + extra))
     return whole
 
 
@@ -371,16 +420,18 @@ def _transpose_times(problem: ContractionProblem, target: Target) -> dict[tuple[
     return times
 
 
-def _contraction_seconds(problem: ContractionProblem, target: Target, mma: str) -> float:
+def _contraction_seconds(problem: ContractionProblem, target: Target, mma: str, tensor_maps: bool = True) -> float:
     """The main loop's time of the tiles `choose_tiles` gives `problem`: waves x one tile's FLOPs at
-    the rung's efficiency times the MN-major rate of one SM."""
-    c = _decide(problem, target).chosen
+    the rung's efficiency times the MN-major rate of one SM (rule 8's time where it takes the
+    ping-pong kernel: a long K it runs whole need not be split)."""
+    d = _decide(problem, target, tensor_maps)
     if "tf32" in mma:  # the layouts' measured rates (MN-major operands are copied 4 bytes at a time)
         fraction = TF32_LAYOUT_FRACTION[(problem.a_layout, problem.b_layout)]
     else:
         fraction = WGMMA_16BIT_PEAK_FRACTION
     per_sm = target.peak_tensor_flops(problem.operand_dtype) / target.sm_count * fraction
-    return _wgmma_time(c, _family(problem, mma)) * 2 * problem.k / per_sm
+    units = min(t for _, t in d.pingpong) if d.config.pingpong else _wgmma_time(d.chosen, _family(problem, mma))
+    return units * 2 * problem.k / per_sm
 
 
 def _family(problem: ContractionProblem, mma: str) -> str:

@@ -77,6 +77,21 @@ def _cases():
         cases.append(("bfloat16", (2, 2000, 1040, 200), "col", "col", None, config, False, True))
     cases.append(("bfloat16", (1, 2048, 1024, 136), "row", "col", None,
                   "block=128x128x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128", False, True))
+    # the warp-specialized kernel fed by TMA (a producer thread, two consumers taking tiles in turn):
+    # boxes past every edge (M, N, K; MN-major panels half outside), batches, all layouts, bias and
+    # residual, blocks with one tile and with many
+    pingpong = "block=128x128x64 warps=4x1 stages={} mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong"
+    cases.append(("bfloat16", (3, 1000, 1000, 72), "row", "row", BOTH, pingpong.format(6)))
+    cases.append(("bfloat16", (2, 2000, 1040, 200), "col", "col", None, pingpong.format(4)))
+    cases.append(("bfloat16", (2, 1000, 200, 72), "col", "row", BOTH, pingpong.format(5)))
+    cases.append(("bfloat16", (1, 2048, 1024, 136), "row", "col", None, pingpong.format(5)))
+    cases.append(("bfloat16", (1, 1000, 200, 40), "row", "row", None, pingpong.format(3)))
+    cases.append(("bfloat16", (1, 4096, 768, 3072), "row", "row", BOTH, pingpong.format(6)))
+    cases.append(("bfloat16", (1, 16384, 3072, 768), "row", "row", None, pingpong.format(6)))
+    wide = "block={} warps=4x1 stages={} mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong"  # 192 accumulators
+    cases.append(("bfloat16", (3, 1000, 1000, 72), "row", "row", BOTH, wide.format("128x192x64", 5)))
+    cases.append(("bfloat16", (2, 2000, 1040, 200), "col", "col", None, wide.format("192x128x64", 4)))
+    cases.append(("bfloat16", (1, 16384, 3072, 768), "row", "row", None, wide.format("128x192x64", 5)))
     return cases
 
 

@@ -13,6 +13,7 @@ from math import prod
 
 from jnova.dialect.ir import Op
 from jnova.passes.configure_tiles import ContractionProblem, choose_tiles
+from jnova.runtime import launcher
 
 OPERAND_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -156,4 +157,5 @@ def build_contraction(kernel, target):
     op = next(o for o in kernel.ops if o.name == "nova.matmul")
     (epilogue, _), _ = epilogue_of(kernel.ops)
     problem, _ = contraction_problem(op)
-    return matmul_module(problem, choose_tiles(problem, target), target, epilogue, kernel.name)
+    config = choose_tiles(problem, target, tensor_maps=launcher.tensor_maps_available())
+    return matmul_module(problem, config, target, epilogue, kernel.name)

@@ -1,8 +1,13 @@
 """Contraction kernels: C[b, M, N] = A[b] @ B[b] (+ bias[N]) (+ residual[b, M, N]), f32 output.
 
 `build_matmul(problem, config, target, epilogue)` writes one `gpu.func` from the TileConfig the
-Analytic Configurator chose and compiles it to PTX. Two main loops (report, section 4.5):
+Analytic Configurator chose and compiles it to PTX. Three kernels (report, section 4.5):
 
+  sm_90a, 16-bit, `pingpong` configs `matmul_tma.py`: warp-specialized and persistent. One producer
+                          thread feeds a ring through TMA (`cp.async.bulk.tensor`, descriptors built
+                          by jnova's launcher at each launch); two consumer warpgroups take tiles in
+                          turn, so one stores its tile (shared memory, then TMA stores) while the
+                          other's wgmmas run. What the configurator picks for large 16-bit problems;
   sm_90a (bf16, f16, TF32) `matmul_wgmma.py`: a multi-stage cp.async ring of 128-byte-swizzled tiles
                           read by `wgmma.mma_async` through shared-memory descriptors (the
                           warpgroup grid from the config; one wgmma group kept in flight). wgmma
@@ -12,9 +17,9 @@ Analytic Configurator chose and compiles it to PTX. Two main loops (report, sect
                           with ldmatrix for K-major tiles and 32-bit scalar reads for MN-major ones
                           (never ldmatrix.trans on 32-bit data: report, Table 1).
 
-Why cp.async and not TMA for wgmma: a TMA descriptor depends on the buffer address, so it is built at
-launch time, and jnova's kernels launch through jaxlib's PTX kernel call with plain pointer
-parameters; a cp.async ring needs nothing but the pointers.
+TMA descriptors depend on the buffers' addresses, so only a launcher that builds them at launch can
+run the first kernel (jnova's does; jaxlib's PTX kernel call passes plain pointers, and the
+configurator then keeps to the cp.async kernels: `choose_tiles(..., tensor_maps=False)`).
 
 Layouts: A is [M, K] (`a_layout="row"`) or [K, M] ("col"); B is [K, N] ("row") or [N, K] ("col",
 what the backward pass needs). Any M, N, K: copies past an edge are zero-filled and the epilogue
@@ -22,7 +27,8 @@ stores are masked. Batch is the grid's z dimension. The epilogue works on the ac
 bias (per column) and residual (per element) are added before the one store of C; on sm_90a a tile
 inside C is written through shared memory by bulk copies ("store=bulk" in the schedule).
 
-Kernel parameters, in order: a, b, [bias], [residual], c (one pointer each, 16-byte aligned).
+Kernel parameters, in order: a, b, [bias], [residual], c (one pointer each, 16-byte aligned), then
+the ping-pong kernel's tensor maps by value (A, B, and C where it leaves by TMA stores).
 Shared pieces: `matmul_smem.py` (tile layouts in shared memory, global -> shared copies),
 `matmul_epilogue.py` (the emission context, bias/residual and the store of C).
 """
@@ -33,13 +39,13 @@ import math
 import re
 from dataclasses import dataclass
 
-from jnova.codegen.gpu import matmul_mma, matmul_wgmma
-from jnova.codegen.gpu.launch import GpuLaunch
+from jnova.codegen.gpu import matmul_mma, matmul_tma, matmul_wgmma
+from jnova.codegen.gpu.launch import GpuLaunch, TensorMap
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, ptx_features
 from jnova.codegen.gpu.matmul_epilogue import (BYTES, ELEMENT, Context, MatmulEpilogue, staging_bytes,
                                                store_fragments)
 from jnova.codegen.gpu.matmul_smem import SMEM, OperandTile
-from jnova.codegen.gpu.ptx import to_ptx
+from jnova.codegen.gpu.ptx import TENSOR_MAP_ALIGN, to_ptx
 from jnova.codegen.linalg.lowering import LoweringError
 from jnova.passes.configure_tiles import ContractionProblem, TileConfig
 from jnova.runtime.target import Target
@@ -62,11 +68,12 @@ class GpuKernel:
     compute_capability: int
     schedule: str
     gpu_module: str
+    tensor_maps: tuple[TensorMap, ...] = ()
 
     def launch(self) -> GpuLaunch:
         """The form `nova_kernel_p`'s CUDA lowering takes."""
         return GpuLaunch(self.name, self.ptx, self.grid, self.block, self.shared_mem_bytes, self.compute_capability,
-                         self.schedule, self.gpu_module)
+                         self.schedule, self.gpu_module, tensor_maps=self.tensor_maps)
 
 
 def build_matmul(problem: ContractionProblem, config: TileConfig, target: Target,
@@ -77,7 +84,7 @@ def build_matmul(problem: ContractionProblem, config: TileConfig, target: Target
     module = matmul_module(problem, config, target, epilogue, name, persistent)
     major, minor = target.compute_capability
     return GpuKernel(module.name, to_ptx(module.text), module.grid, module.block, module.shared_mem_bytes,
-                     kernel_params(epilogue), 10 * major + minor, module.schedule, module.text)
+                     kernel_params(epilogue), 10 * major + minor, module.schedule, module.text, module.tensor_maps)
 
 
 def kernel_params(epilogue: MatmulEpilogue | None) -> tuple[tuple[str, str], ...]:
@@ -98,6 +105,10 @@ def matmul_refusal(problem: ContractionProblem, config: TileConfig, target: Targ
         return f"{config.mma}: 16-bit mma.sync contractions are not generated yet (only wgmma on sm_90a)"
     if config.split_k != 1:
         return f"split_k={config.split_k}: the epilogue needs the whole K sum in one block"
+    if config.pingpong:
+        if not target.has("tma"):
+            return f"the ping-pong kernel needs TMA, which {target.name} ({target.arch}) lacks"
+        return matmul_tma.refusal(problem, config)
     return None
 
 
@@ -126,7 +137,7 @@ def persistent_blocks(problem: ContractionProblem, config: TileConfig, target: T
     bf16 128x128 tiles of 4 stages; where it halved the blocks per SM (128x128 of 3 stages, 128x64) it
     changed them by -38% to +12%, and TF32 128x128 tiles by -13% to +18% (their MN-major operands'
     4-byte copies are the limit; the configurator's TF32 tiles, 256x128, leave no room for the buffer)."""
-    if not config.is_wgmma or "tf32" in config.mma or problem.n % 4:
+    if not config.is_wgmma or "tf32" in config.mma or problem.n % 4 or config.pingpong:
         return 0
     a, b = operand_tiles(problem, config, *matmul_wgmma.SWIZZLES(problem, config), matmul_wgmma.k_major_only(config))
     ring = config.stages * (a.bytes + b.bytes)
@@ -162,6 +173,9 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
     if smem_bytes > target.smem_per_block_optin:
         raise LoweringError(f"{config}: {smem_bytes} B of shared memory exceed {target.name}'s "
                             f"{target.smem_per_block_optin} B per block")
+
+    if config.pingpong:
+        return _pingpong_module(problem, config, target, epilogue, name, a, b, tiles_m, tiles_n, smem_bytes)
 
     # sm_90a: interior tiles leave through shared memory and bulk copies (16-byte aligned rows of C);
     # persistent (see `persistent_blocks`) with the staging buffer beside the ring, else over it
@@ -200,8 +214,39 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
     return GpuModule(name, text, grid, (threads, 1, 1), smem_bytes, schedule)
 
 
-def _module_text(name: str, memrefs: dict, lines: list[str], threads: int, target: Target, attributes: str) -> str:
-    args = ", ".join(f"{ssa}: {t} {{llvm.align = {ALIGN} : i64}}" for ssa, t in memrefs.values())
+def _pingpong_module(problem, config, target, epilogue, name, a, b, tiles_m, tiles_n, ring_bytes) -> GpuModule:
+    """The warp-specialized kernel fed by TMA (`matmul_tma.py`): `config` is one consumer's tile."""
+    threads = matmul_tma.THREADS
+    staged = matmul_tma.stores_by_tma(problem, epilogue) and \
+        matmul_tma.smem_bytes(ring_bytes, config.stages, config) <= target.smem_per_block_optin
+    smem_bytes = matmul_tma.smem_bytes(ring_bytes, config.stages, config if staged else None)
+    if smem_bytes > target.smem_per_block_optin:
+        raise LoweringError(f"{config}: {smem_bytes} B of shared memory exceed {target.name}'s "
+                            f"{target.smem_per_block_optin} B per block")
+    em = GpuEmitter()
+    memrefs = _parameters(problem, epilogue)
+    maps = matmul_tma.tensor_maps(problem, config, len(memrefs))
+    names = ("%tma_a", "%tma_b")
+    if staged:  # C's buffer is the kernel's last before the maps (an aliased result shares its operand's)
+        maps += (matmul_tma.c_tensor_map(problem, config, len(memrefs) - 1, len(memrefs) + 2),)
+        names += ("%tma_c",)
+    ctx = _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs)
+    total = problem.batch * tiles_m * tiles_n
+    grid = (min(total, target.sm_count), 1, 1)
+    matmul_tma.emit(ctx, epilogue, tiles_m, tiles_n, total, grid[0], ring_bytes,
+                    lambda c, t: _tile_context(c, t, tiles_m, tiles_n), names)
+    text = _module_text(name, memrefs, em.lines, threads, target, f"nvvm.maxnreg = {matmul_tma.LAUNCH_REGS} : i32",
+                        tensor_maps=names)
+    schedule = f"matmul[tma-pingpong] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
+               f"{problem.operand_dtype} a={problem.a_layout} b={problem.b_layout} {config}" \
+               f"{' store=tma' if staged else ''}"
+    return GpuModule(name, text, grid, (threads, 1, 1), smem_bytes, schedule, tensor_maps=maps)
+
+
+def _module_text(name: str, memrefs: dict, lines: list[str], threads: int, target: Target, attributes: str,
+                 tensor_maps: tuple[str, ...] = ()) -> str:
+    args = ", ".join([f"{ssa}: {t} {{llvm.align = {ALIGN} : i64}}" for ssa, t in memrefs.values()]
+                     + [f"{ssa}: !llvm.ptr {{llvm.align = {TENSOR_MAP_ALIGN} : i64}}" for ssa in tensor_maps])
     nvvm = f'#nvvm.target<O = 3, chip = "{target.arch}", features = "{ptx_features(target)}">'
     return "\n".join([
         "module attributes {gpu.container_module} {",

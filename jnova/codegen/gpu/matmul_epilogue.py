@@ -154,8 +154,8 @@ def _store_staged(ctx: Context, epilogue: MatmulEpilogue, fragments: list[Fragme
     row = em.fresh("row")
     with em.region(f"scf.for {row} = {ctx.tid} to {em.index(cfg.block_m)} step {em.index(ctx.threads)} {{"):
         global_ofs = ix_add(em, c_base, (em.op(f"arith.addi {ctx.m0}, {row} : index"), p.n), ctx.n0)
-        dst = _pointer(em, ix_add(em, c_addr, (global_ofs, 4)), "1")
-        src = _pointer(em, ix_add(em, s_addr, (row, width * 4), ctx.staging_offset), "3")
+        dst = pointer(em, ix_add(em, c_addr, (global_ofs, 4)), "1")
+        src = pointer(em, ix_add(em, s_addr, (row, width * 4), ctx.staging_offset), "3")
         em.line(f"nvvm.cp.async.bulk.global.shared.cta {dst}, {src}, {em.i32(cfg.block_n * 4)} : "
                 f"!llvm.ptr<1>, !llvm.ptr<3>")
     em.line("nvvm.cp.async.bulk.commit.group")
@@ -163,7 +163,7 @@ def _store_staged(ctx: Context, epilogue: MatmulEpilogue, fragments: list[Fragme
         em.line("nvvm.cp.async.bulk.wait_group 0 {read}")  # shared memory read: the block may exit
 
 
-def _pointer(em: GpuEmitter, address: str, space: str) -> str:
+def pointer(em: GpuEmitter, address: str, space: str) -> str:
     as_int = em.op(f"arith.index_cast {address} : index to i64")
     if space == "3":
         return em.op(f"llvm.inttoptr {em.op(f'arith.trunci {as_int} : i64 to i32')} : i32 to !llvm.ptr<3>")

@@ -85,7 +85,7 @@ def ahead(config) -> int:
 def prefetch(ctx: Context) -> None:
     """The pipeline's prologue for the block tile of `ctx`: its first k-tiles, as `ahead` groups. A
     persistent kernel issues it for the next tile before storing the current one (`matmul.py`)."""
-    tile_copiers = _copiers(ctx)
+    tile_copiers = copiers(ctx)
     for c in tile_copiers:
         c.prepare(ctx.em, ctx.tid)
     copy_ahead(ctx, tile_copiers, ahead(ctx.config), math.ceil(ctx.problem.k / ctx.config.block_k))
@@ -103,13 +103,13 @@ def main_loop(ctx: Context, prefetched: bool = False) -> list[Fragment]:
     k_tiles = math.ceil(p.k / cfg.block_k)
     acc_type = "!llvm.struct<(" + ", ".join(["f32"] * (tn // 2)) + ")>"
 
-    tile_copiers = _copiers(ctx)
+    tile_copiers = copiers(ctx)
     for c in tile_copiers:
         c.prepare(em, ctx.tid)
     wg = em.op(f"arith.divui {ctx.tid}, {em.index(128)} : index")
     wg_m = em.op(f"arith.divui {wg}, {em.index(groups_n)} : index")
     wg_n = em.op(f"arith.remui {wg}, {em.index(groups_n)} : index")
-    desc_a, desc_b = _descriptor_bases(ctx, wg_m, wg_n, tm, tn)
+    desc_a, desc_b = descriptor_bases(ctx, wg_m, wg_n, tm, tn)
 
     if not prefetched:
         copy_ahead(ctx, tile_copiers, copied_ahead, k_tiles)
@@ -132,19 +132,20 @@ def main_loop(ctx: Context, prefetched: bool = False) -> list[Fragment]:
             em.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
             em.line("gpu.barrier")
         stage = em.op(f"arith.index_cast {em.op(f'arith.remui {kt}, {em.index(cfg.stages)} : index')} : index to i64")
-        new = _wgmma_k_tile(ctx, desc_a, desc_b, stage, accs, acc_type, tn, reps)
+        new = wgmma_k_tile(ctx, desc_a, desc_b, stage, accs, acc_type, tn, reps)
         em.line("nvvm.wgmma.commit.group.sync.aligned")
         em.line(f"nvvm.wgmma.wait.group.sync.aligned {keep}")
         em.line(f"scf.yield {', '.join(new)} : {types}")
     em.line("nvvm.wgmma.wait.group.sync.aligned 0")
     em.line("nvvm.cp.async.wait.group 0")  # copies past the last tile must land before the block exits
-    return _fragments(ctx, [f"{result}#{r}" for r in range(reps)], acc_type, wg_m, wg_n, tm, tn)
+    return fragments(ctx, [f"{result}#{r}" for r in range(reps)], acc_type, wg_m, wg_n, tm, tn)
 
 
-def _wgmma_k_tile(ctx: Context, desc_a: str, desc_b: str, stage: str, accs: list[str], acc_type: str, tn: int,
-                 reps: int) -> list[str]:
+def wgmma_k_tile(ctx: Context, desc_a: str, desc_b: str, stage: str, accs: list[str], acc_type: str, tn: int,
+                 reps: int, first: bool = False) -> list[str]:
     """The warpgroup's wgmmas over one k-tile in ring stage `stage` (i64), after a wgmma.fence: the
-    new accumulators (not committed)."""
+    new accumulators (not committed). `first`: the tile's first k-tile, whose first step ignores
+    `accs` (scale-d 0: no registers to zero, nothing for the wgmmas to wait on)."""
     em, cfg = ctx.em, ctx.config
     em.line("nvvm.wgmma.fence.aligned")
     new = list(accs)
@@ -153,7 +154,8 @@ def _wgmma_k_tile(ctx: Context, desc_a: str, desc_b: str, stage: str, accs: list
         for r in range(reps):
             da = _descriptor(ctx, desc_a, stage, ctx.a.bytes, _a_offset(ctx, j, r))
             new[r] = em.op(f"nvvm.wgmma.mma_async {da}, {db}, {new[r]}, #nvvm.shape<m = {WGMMA_M}, n = {tn}, "
-                           f"k = {cfg.mma_k}>, D [<f32>, #nvvm.wgmma_scale_out<one>, <wrapped>], "
+                           f"k = {cfg.mma_k}>, D [<f32>, #nvvm.wgmma_scale_out<{'zero' if first and j == 0 else 'one'}>, "
+                           f"<wrapped>], "
                            f"A [<{wgmma_type(ctx.a)}>, #nvvm.wgmma_scale_in<one>, <{'row' if ctx.a.k_major else 'col'}>], "
                            f"B [<{wgmma_type(ctx.b)}>, #nvvm.wgmma_scale_in<one>, <{'col' if ctx.b.k_major else 'row'}>] "
                            f": {acc_type} -> {acc_type}")
@@ -174,7 +176,7 @@ def _check(ctx: Context, tm: int, tn: int) -> None:
         raise LoweringError(f"wgmma contraction with {cfg}: " + "; ".join(problems))
 
 
-def _copiers(ctx: Context) -> list[TileCopier]:
+def copiers(ctx: Context) -> list[TileCopier]:
     em, p = ctx.em, ctx.problem
     out = []
     a_stride, b_stride = batch_strides(p)
@@ -187,7 +189,7 @@ def _copiers(ctx: Context) -> list[TileCopier]:
     return out
 
 
-def _descriptor_bases(ctx: Context, wg_m: str, wg_n: str, tm: int, tn: int) -> tuple[str, str]:
+def descriptor_bases(ctx: Context, wg_m: str, wg_n: str, tm: int, tn: int) -> tuple[str, str]:
     """i64 descriptors of this warpgroup's first A and B piece in stage 0 (start address, LBO, SBO,
     swizzle); per-step descriptors add 16-byte units to the start address field."""
     em, a, b = ctx.em, ctx.a, ctx.b
@@ -251,7 +253,7 @@ def _descriptor(ctx: Context, base: str, stage: str, stage_bytes: int, offset: i
     return em.op(f"arith.addi {em.op(f'arith.addi {base}, {stage_units} : i64')}, {_i64(em, offset >> 4)} : i64")
 
 
-def _fragments(ctx: Context, accs: list[str], acc_type: str, wg_m: str, wg_n: str, tm: int, tn: int) -> list[Fragment]:
+def fragments(ctx: Context, accs: list[str], acc_type: str, wg_m: str, wg_n: str, tm: int, tn: int) -> list[Fragment]:
     em = ctx.em
     lane = em.op(f"arith.remui {ctx.tid}, {em.index(32)} : index")
     warp = em.op(f"arith.remui {em.op(f'arith.divui {ctx.tid}, {em.index(32)} : index')}, {em.index(4)} : index")

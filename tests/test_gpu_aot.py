@@ -168,3 +168,23 @@ def test_a_bf16_contraction_takes_tensor_maps_through_the_cache(monkeypatch, tmp
     monkeypatch.setenv("JNOVA_LAUNCHER", "jaxlib")
     other = jnova.compile(matmul, target="h200").lower(a, b)
     assert other.stats()["cache_hit"] is None and "tma-pingpong" not in other.as_text("launches")
+
+
+def test_a_kernel_with_tensor_maps_is_refused_by_jaxlibs_kernel_call(monkeypatch):
+    """jaxlib's PTX kernel call passes pointers only: lowering a kernel that takes TMA descriptors
+    through it fails with the reason and the way out, instead of launching a kernel without them."""
+    import jax.numpy as jnp
+
+    from jnova.codegen.gpu.launch import GpuLaunch, TensorMap
+    from jnova.dialect.types import TensorType
+    from jnova.primitives.gpu_lowering import GpuKernelHandle
+    from jnova.primitives.nova_kernel import nova_kernel_p
+
+    tensor_map = TensorMap(buffer=0, param=2, dtype="float32", dims=(64,), strides=(), box=(64,), swizzle=None)
+    launch = GpuLaunch("k_maps", ".entry k_maps", (1, 1, 1), (32, 1, 1), 0, 90, "test", "gpu.module",
+                       tensor_maps=(tensor_map,))
+    handle = GpuKernelHandle(launch, [TensorType((64,), "float32")])
+    monkeypatch.setenv("JNOVA_LAUNCHER", "jaxlib")
+    step = jax.jit(lambda x: nova_kernel_p.bind(x, kernel=handle)[0])
+    with pytest.raises(NotImplementedError, match="JNOVA_LAUNCHER=jaxlib set before jnova.compile"):
+        step.trace(jax.ShapeDtypeStruct((64,), jnp.float32)).lower(lowering_platforms=("cuda",))

@@ -80,8 +80,10 @@ def lower_gpu_kernel(ctx, *args, kernel: KernelHandle):
     choice = launcher.choice()
     if launch.tensor_maps and choice != "jnova":
         raise NotImplementedError(
-            f"jnova kernel {launch.name} takes TMA descriptors, which only jnova's kernel launcher builds; "
-            "it is unavailable or JNOVA_LAUNCHER=jaxlib (compile the step again with the launcher in use)")
+            f"jnova kernel {launch.name} takes TMA descriptors, which only jnova's kernel launcher builds, and "
+            "the launcher is not in use here (it could not be built, or JNOVA_LAUNCHER=jaxlib was set after the "
+            "step was compiled); with JNOVA_LAUNCHER=jaxlib set before jnova.compile the step is compiled "
+            "without such kernels")
     if choice == "jnova":
         kernel_id = _register(launch)
         geometry = np.array([*launch.grid, *launch.block, launch.shared_mem_bytes], np.int64)

@@ -320,7 +320,7 @@ def _decide(problem: ContractionProblem, target: Target, tensor_maps: bool = Tru
     warps_m, warps_n = _warps(chosen.block_m, chosen.block_n, mma, memory_side, target)
     config = _pipeline(problem, chosen.block_m, chosen.block_n, warps_m, warps_n, mma, target)
     if not (mma.startswith("wgmma") and problem.operand_bytes == 2 and tensor_maps and target.has("tma")
-            and _pingpong_takes(problem)):
+            and pingpong_refusal(problem) is None):
         return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config)
     time = _wgmma_time(chosen, _family(problem, mma))
     weighed = tuple(((bm, bn), _pingpong_time(problem, target, bm, bn)) for bm, bn in PINGPONG_TILE_EFFICIENCY)
@@ -332,12 +332,18 @@ def _decide(problem: ContractionProblem, target: Target, tensor_maps: bool = Tru
     return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config, time, weighed)
 
 
-def _pingpong_takes(problem: ContractionProblem) -> bool:
-    """Rule 8's conditions on the problem (what `matmul_tma.refusal` checks of a problem)."""
-    p = problem
-    inner_a = p.k if p.a_layout == "row" else p.m
-    inner_b = p.k if p.b_layout == "col" else p.n
-    return not p.a_split_k and inner_a % 8 == 0 and inner_b % 8 == 0
+def pingpong_refusal(problem: ContractionProblem) -> str | None:
+    """Why rule 8's kernel cannot take `problem`, or None: TMA strides are whole 16-byte units, and
+    its producer copies whole operands, not split-K slices of A (`matmul_tma.refusal` adds the
+    config's conditions)."""
+    p, problems = problem, []
+    if p.a_split_k:
+        problems.append("split-K slices of A")
+    inner = {"A": p.k if p.a_layout == "row" else p.m, "B": p.k if p.b_layout == "col" else p.n}
+    for name, extent in inner.items():
+        if extent * p.operand_bytes % 16:
+            problems.append(f"rows of {name} of {extent} elements (TMA strides are multiples of 16 bytes)")
+    return "; ".join(problems) or None
 
 
 def _pingpong_time(problem: ContractionProblem, target: Target, bm: int, bn: int) -> float:

@@ -50,16 +50,17 @@ class TensorMap:
         """The launcher's registration form: buffer, param, dtype, rank, swizzle, dims[5], strides[4], box[5]."""
         pad = lambda xs, n: list(xs) + [0] * (n - len(xs))
         r = TENSOR_MAP_MAX_RANK
-        return [self.buffer, self.param, TENSOR_MAP_DTYPES[self.dtype], len(self.dims), TENSOR_MAP_SWIZZLE[self.swizzle],
-                *pad(self.dims, r), *pad(self.strides, r - 1), *pad(self.box, r)]
+        return [self.buffer, self.param, TENSOR_MAP_DTYPES[self.dtype], len(self.dims),
+                TENSOR_MAP_SWIZZLE[self.swizzle], *pad(self.dims, r), *pad(self.strides, r - 1), *pad(self.box, r)]
 
     def to_json(self) -> dict:
-        return {"buffer": self.buffer, "param": self.param, "dtype": self.dtype, "dims": list(self.dims), "strides": list(self.strides),
-                "box": list(self.box), "swizzle": self.swizzle}
+        return {"buffer": self.buffer, "param": self.param, "dtype": self.dtype, "dims": list(self.dims),
+                "strides": list(self.strides), "box": list(self.box), "swizzle": self.swizzle}
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorMap":
-        return cls(d["buffer"], d["param"], d["dtype"], tuple(d["dims"]), tuple(d["strides"]), tuple(d["box"]), d["swizzle"])
+        return cls(d["buffer"], d["param"], d["dtype"], tuple(d["dims"]), tuple(d["strides"]), tuple(d["box"]),
+                   d["swizzle"])
 
 
 @dataclass(frozen=True)

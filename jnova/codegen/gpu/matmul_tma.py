@@ -48,6 +48,7 @@ from jnova.codegen.gpu import matmul_wgmma
 from jnova.codegen.gpu.launch import TensorMap
 from jnova.codegen.gpu.matmul_epilogue import Context, MatmulEpilogue, batch_strides, pointer, store_fragments
 from jnova.codegen.gpu.matmul_smem import PANEL_BYTES, ix_add, ix_op
+from jnova.passes.configure_tiles import pingpong_refusal
 
 THREADS = 384  # a producer warpgroup and two consumer warpgroups
 LAUNCH_REGS = 168  # 65536 registers / 384 threads, in whole multiples of 8
@@ -100,12 +101,8 @@ def refusal(problem, config) -> str | None:
     elif config.block_m * config.block_n // 128 > MAX_ACCUMULATORS:
         problems.append(f"{config.block_m}x{config.block_n} tiles: {config.block_m * config.block_n // 128} "
                         f"accumulators a consumer thread, at most {MAX_ACCUMULATORS}")
-    if p.a_split_k:
-        problems.append("split-K slices of A")
-    inner = {"A": p.k if p.a_layout == "row" else p.m, "B": p.k if p.b_layout == "col" else p.n}
-    for name, extent in inner.items():
-        if extent % 8:
-            problems.append(f"rows of {name} of {extent} elements (TMA strides are multiples of 16 bytes)")
+    if pingpong_refusal(p):
+        problems.append(pingpong_refusal(p))
     return "; ".join(problems) or None
 
 

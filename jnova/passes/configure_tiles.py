@@ -352,14 +352,15 @@ def _pingpong_time(problem: ContractionProblem, target: Target, bm: int, bn: int
     return math.ceil(tiles / target.sm_count) * bm * bn / PINGPONG_TILE_EFFICIENCY[(bm, bn)]
 
 
-def choose_split_k(problem: ContractionProblem, target: Target) -> int:
-    """How many partial products over K a contraction is split into (rule 6); 1 = not split."""
-    return _best_split(_split_times(problem, target))
+def choose_split_k(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> int:
+    """How many partial products over K a contraction is split into (rule 6); 1 = not split.
+    `tensor_maps` as for `choose_tiles`: each side is timed with the kernel it would get."""
+    return _best_split(_split_times(problem, target, tensor_maps))
 
 
-def explain_split_k(problem: ContractionProblem, target: Target) -> str:
+def explain_split_k(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> str:
     """The estimated time of every split `choose_split_k` weighed, for debug logs."""
-    times = _split_times(problem, target)
+    times = _split_times(problem, target, tensor_maps)
     best = _best_split(times)
     return "; ".join(f"{'*' if s == best else ''}S={s}: {t * 1e6:.1f} us" for s, t in times)
 
@@ -371,12 +372,12 @@ def _best_split(times: list[tuple[int, float]]) -> int:
     return split if seconds <= SPLIT_K_MIN_GAIN * times[0][1] else 1
 
 
-def _split_times(problem: ContractionProblem, target: Target) -> list[tuple[int, float]]:
+def _split_times(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> list[tuple[int, float]]:
     """(S, estimated seconds) for S = 1 and every split that rule 6 allows."""
     mma = _mma_kind(problem.operand_dtype, target)
     if not (mma.startswith("wgmma") and problem.batch == 1 and problem.b_layout == "row"):
         return [(1, 0.0)]  # no split to weigh: no time model needed
-    whole = [(1, _contraction_seconds(problem, target, mma))]
+    whole = [(1, _contraction_seconds(problem, target, mma, tensor_maps))]
     partial_bytes = problem.m * problem.n * OPERAND_BYTES[problem.out_dtype]
     for s in range(2, SPLIT_K_MAX + 1):
         if problem.k % s or problem.k // s < SPLIT_K_MIN_K:
@@ -386,7 +387,7 @@ def _split_times(problem: ContractionProblem, target: Target) -> list[tuple[int,
         part = dataclasses.replace(problem, batch=s, k=problem.k // s, a_split_k=problem.a_layout == "row")
         # the partial products are written and read back once more than the result would be
         extra = 2 * s * partial_bytes / (SPLIT_K_DRAM_EFFICIENCY * target.dram_bytes_per_s) + SPLIT_K_SUM_LAUNCH_S
-        whole.append((s, _contraction_seconds(part, target, mma) + extra))
+        whole.append((s, _contraction_seconds(part, target, mma, tensor_maps) + extra))
     return whole
 
 
@@ -425,17 +426,18 @@ def _transpose_times(problem: ContractionProblem, target: Target) -> dict[tuple[
     return times
 
 
-def _contraction_seconds(problem: ContractionProblem, target: Target, mma: str) -> float:
-    """The main loop's time of the tiles rule 2 gives `problem`: waves x one tile's FLOPs at the
-    rung's efficiency times the MN-major rate of one SM. (Rule 8's kernel is not weighed here yet:
-    a long K it would run whole is still split, e.g. bf16 4096x768x50304 four ways.)"""
-    c = _decide(problem, target, tensor_maps=False).chosen
+def _contraction_seconds(problem: ContractionProblem, target: Target, mma: str, tensor_maps: bool = True) -> float:
+    """The main loop's time of the tiles `choose_tiles` gives `problem`: waves x one tile's FLOPs at
+    the rung's efficiency times the MN-major rate of one SM (rule 8's time where it takes the
+    ping-pong kernel: a long K it runs whole need not be split)."""
+    d = _decide(problem, target, tensor_maps)
     if "tf32" in mma:  # the layouts' measured rates (MN-major operands are copied 4 bytes at a time)
         fraction = TF32_LAYOUT_FRACTION[(problem.a_layout, problem.b_layout)]
     else:
         fraction = WGMMA_16BIT_PEAK_FRACTION
     per_sm = target.peak_tensor_flops(problem.operand_dtype) / target.sm_count * fraction
-    return _wgmma_time(c, _family(problem, mma)) * 2 * problem.k / per_sm
+    units = min(t for _, t in d.pingpong) if d.config.pingpong else _wgmma_time(d.chosen, _family(problem, mma))
+    return units * 2 * problem.k / per_sm
 
 
 def _family(problem: ContractionProblem, mma: str) -> str:

@@ -21,6 +21,7 @@ import logging
 from jnova.dialect.ir import Func, Op
 from jnova.dialect.ops import MatmulOp, ReduceOp, ReshapeOp
 from jnova.dialect.types import TensorType
+from jnova.runtime import launcher
 
 log = logging.getLogger("jnova.passes")
 
@@ -31,15 +32,16 @@ def split_contractions(func: Func, target) -> int:
     from jnova.passes.configure_tiles import choose_split_k, explain_split_k
 
     ops, count = [], 0
+    tensor_maps = launcher.tensor_maps_available()
     for op in func.ops:
         problem = contraction_problem(op)[0] if op.name == "nova.matmul" else None
-        splits = choose_split_k(problem, target) if problem is not None else 1
+        splits = choose_split_k(problem, target, tensor_maps) if problem is not None else 1
         if splits == 1:
             ops.append(op)
             continue
         if log.isEnabledFor(logging.DEBUG):  # the explanation weighs every split again
             log.debug("split_contractions: %dx%dx%d %s into %d (%s)", problem.m, problem.n, problem.k,
-                      problem.operand_dtype, splits, explain_split_k(problem, target))
+                      problem.operand_dtype, splits, explain_split_k(problem, target, tensor_maps))
         ops += _split(op, splits, problem.k, problem.a_layout)
         count += 1
     func.ops = ops

@@ -4,7 +4,8 @@
     JAX_PLATFORMS=cuda python benchmarks/matmul.py --variants      # + other tile configs on GPT-2 shapes
     JAX_PLATFORMS=cuda python benchmarks/matmul.py --dtypes bfloat16 --shapes 16384x3072x768
 
-C = A @ B with A [M, K], B [K, N] (row-major), f32 output. XLA runs `jnp.matmul` at matching
+C = A @ B with A [M, K], B [K, N] (row-major; `--b-layout col`: B given as [N, K], K-major, and XLA
+computes A @ B.T from it), f32 output. XLA runs `jnp.matmul` at matching
 precision: f32 under `jax.default_matmul_precision("tensorfloat32")`, bf16 with
 `preferred_element_type=float32`. jnova runs the kernel `build_matmul` generates from the Analytic
 Configurator's TileConfig, launched through `nova_kernel_p` (jaxlib's PTX kernel call) under jit.
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from jnova.codegen.gpu import matmul_wgmma
-from jnova.codegen.gpu.matmul import build_matmul, persistent_blocks
+from jnova.codegen.gpu.matmul import build_matmul, matmul_refusal, persistent_blocks
 from jnova.dialect.types import TensorType
 from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles
 from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
@@ -47,7 +48,12 @@ VARIANTS = {  # other schedules than the configurator's, to see where its choice
                 "block=128x256x32 warps=8x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128",
                 "block=256x128x32 warps=8x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128",
                 "block=128x128x32 warps=8x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128",
-                "block=128x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128"],
+                "block=128x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128",
+                # warp-specialized (TF32 operands both K-major only: --b-layout col)
+                "block=128x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong",
+                "block=128x128x32 warps=4x1 stages=5 mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong",
+                "block=128x192x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong",
+                "block=192x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong"],
     "bfloat16": ["block=128x128x64 warps=4x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128",
                  "block=128x128x64 warps=8x1 stages=4 mma=wgmma_bf16_m64nNk16 swizzle=128",
                  "block=128x128x64 warps=8x1 stages=3 mma=wgmma_bf16_m64nNk16 swizzle=128",
@@ -85,8 +91,12 @@ def jnova_call(kernel, problem: ContractionProblem):
     return jax.jit(lambda a, b: nova_kernel_p.bind(a, b, kernel=handle)[0])
 
 
-def xla_call(dtype: str):
-    call = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
+def xla_call(dtype: str, b_layout: str = "row"):
+    """XLA's C = A @ B; with `b_layout` "col" the B it is given is [N, K]."""
+    if b_layout == "col":
+        call = jax.jit(lambda a, b: jnp.matmul(a, b.T, preferred_element_type=jnp.float32))
+    else:
+        call = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
     if dtype != "float32":
         return call
 
@@ -236,6 +246,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mainloop-only", action="store_true",
                         help="only time kernels with their stores removed (the --shapes; with --variants also "
                              "the other configs)")
+    parser.add_argument("--b-layout", choices=("row", "col"), default="row",
+                        help="B as [K, N] (row) or [N, K] (col: K-major, what TF32 wgmma reads)")
     parser.add_argument("--compiled", action="store_true",
                         help="only time jnova.compile(a @ b) (kernel plus operand transposes) against XLA")
     args = parser.parse_args(argv)
@@ -263,10 +275,11 @@ def main(argv=None) -> int:
     jobs = []  # (problem, config, chosen?, persistent: None = as build_matmul decides, False = never)
     for dtype in args.dtypes.split(","):
         for m, n, k in shapes:
-            problem = ContractionProblem(m, n, k, operand_dtype=dtype)
+            problem = ContractionProblem(m, n, k, operand_dtype=dtype, b_layout=args.b_layout)
             configs = [(choose_tiles(problem, target), True)]
             if args.variants and (m, n, k) in GPT2:
-                configs += [(TileConfig.parse(v), False) for v in VARIANTS[dtype]]
+                configs += [(TileConfig.parse(v), False) for v in VARIANTS[dtype]
+                            if matmul_refusal(problem, TileConfig.parse(v), target) is None]
             for config, chosen in configs:
                 jobs.append((problem, config, chosen, None))
                 if args.variants and persistent_blocks(problem, config, target):  # the same, a block per tile
@@ -278,14 +291,17 @@ def main(argv=None) -> int:
     records, rows = [], []
     base = {"bench": "matmul", "device": device, "date": datetime.date.today().isoformat(),
             "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown")}
+    if args.b_layout == "col":
+        base["b_layout"] = "col"
     xla_done = {}
     for (problem, config, chosen, _), kernel in zip(jobs, kernels):
         case, dtype = f"{problem.m}x{problem.n}x{problem.k}", problem.operand_dtype
         key = jax.random.PRNGKey(problem.m + problem.n + problem.k)
         ka, kb = jax.random.split(key)
         a = jax.random.normal(ka, (problem.m, problem.k), jnp.dtype(dtype))
-        b = jax.random.normal(kb, (problem.k, problem.n), jnp.dtype(dtype))
-        xla = xla_call(dtype)
+        b_shape = (problem.k, problem.n) if problem.b_layout == "row" else (problem.n, problem.k)
+        b = jax.random.normal(kb, b_shape, jnp.dtype(dtype))
+        xla = xla_call(dtype, problem.b_layout)
         if (case, dtype) not in xla_done:
             xla_done[(case, dtype)] = timed(xla, (a, b))
             records.append({**base, "case": case, "dtype": dtype, "impl": "xla", "metric": "tflops",
@@ -307,7 +323,7 @@ def main(argv=None) -> int:
         rows.append((case, dtype, impl, t, t_xla, err, schedule))
         del a, b
 
-    print(f"\n{device}, jax {jax.__version__}, jnova {base['jnova']}")
+    print(f"\n{device}, jax {jax.__version__}, jnova {base['jnova']}, B as {'[N, K]' if args.b_layout == 'col' else '[K, N]'}")
     print(f"{'case':>18} {'dtype':>9} {'impl':>13} {'jnova TF/s':>10} {'xla TF/s':>9} {'ratio':>6} {'rel err':>8}  config")
     for case, dtype, impl, t, t_xla, err, note in rows:
         m, n, k = (int(x) for x in case.split("x"))

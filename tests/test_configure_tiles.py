@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from jnova.passes.configure_tiles import (
     ATTENTION_KV_SEEDS, MMA_KINDS, PINGPONG_TILE_EFFICIENCY, ContractionProblem, TileConfig, attention_tiles,
-    choose_tiles, explain)
+    choose_tiles, explain, pingpong_refusal)
 from jnova.runtime.target import KiB, PRESETS
 
 H200, RTX3060, ADA = PRESETS["h200"], PRESETS["rtx3060"], PRESETS["rtx6000ada"]
@@ -151,14 +151,33 @@ GPT2_BF16 = [(16384, 3072, 768, "row", "row"), (16384, 768, 3072, "row", "col"),
 def test_gpt2_bf16_contractions_take_the_warp_specialized_kernel(m, n, k, a_layout, b_layout):
     """Rule 8: on the H200 the TMA-fed ping-pong kernel's 128x192 consumer tiles ran every GPT-2 bf16
     shape 1.08-1.31x faster than rule 2's choice (benchmarks/matmul.py --variants, 2026-12-01); without
-    tensor maps (jaxlib's kernel call) or for TF32, rule 2 decides."""
+    tensor maps (jaxlib's kernel call), rule 2 decides. In TF32 it takes only K-major operands."""
     problem = ContractionProblem(m, n, k, operand_dtype="bfloat16", a_layout=a_layout, b_layout=b_layout)
     cfg = choose_tiles(problem, H200)
     assert cfg.pingpong and (cfg.warps_m, cfg.warps_n, cfg.block_k) == (4, 1, 64)
     assert (cfg.block_m, cfg.block_n) in PINGPONG_TILE_EFFICIENCY and cfg.smem_bytes <= H200.smem_per_block_optin
     assert not choose_tiles(problem, H200, tensor_maps=False).pingpong
-    assert not choose_tiles(dataclasses.replace(problem, operand_dtype="float32"), H200).pingpong
+    tf32 = choose_tiles(dataclasses.replace(problem, operand_dtype="float32"), H200)
+    assert tf32.pingpong == ((a_layout, b_layout) == ("row", "col")), tf32
     assert "ping-pong 128x192" in explain(problem, H200)
+
+
+@pytest.mark.parametrize("m, n, k", [(16384, 3072, 768), (16384, 768, 3072), (16384, 50304, 768), (16384, 768, 50304),
+                                     (4096, 768, 50304), (4096, 768, 3072)])
+def test_gpt2_tf32_contractions_with_k_major_operands_take_the_warp_specialized_kernel(m, n, k):
+    """Rule 8 in TF32: with both operands K-major (as rule 7 leaves them) 128x192 consumer tiles ran the
+    six GPT-2 shapes 1.06-1.34x faster than rule 2's 256x128 tiles on the H200 (session 12); a k-tile
+    is one 128-byte panel, 32 elements. MN-major TF32 operands stay with rule 2 (wgmma reads TF32
+    K-major only, and the TMA copies land as they are)."""
+    problem = ContractionProblem(m, n, k, a_layout="row", b_layout="col")
+    cfg = choose_tiles(problem, H200)
+    assert cfg.pingpong and (cfg.block_m, cfg.block_n, cfg.block_k) == (128, 192, 32), cfg
+    assert cfg.mma == "wgmma_tf32_m64nNk8" and cfg.smem_bytes <= H200.smem_per_block_optin
+    assert not choose_tiles(problem, H200, tensor_maps=False).pingpong
+    for layouts in (("row", "row"), ("col", "col"), ("col", "row")):
+        other = dataclasses.replace(problem, a_layout=layouts[0], b_layout=layouts[1])
+        assert not choose_tiles(other, H200).pingpong
+        assert "not both K-major" in pingpong_refusal(other)
 
 
 def test_the_warp_specialized_kernel_needs_tma_and_whole_16_byte_rows():

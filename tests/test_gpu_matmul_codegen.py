@@ -236,6 +236,32 @@ def test_warp_specialized_kernel_takes_tensor_maps_and_assembles_without_spills(
     assert report.spill_stores == report.spill_loads == 0
 
 
+@requires_ptxas
+@pytest.mark.parametrize("m, n, k, batch, epilogue, config", [
+    (16384, 768, 3072, 1, MatmulEpilogue(bias="float32", residual="float32"), None),  # as rule 8 chooses
+    (1000, 200, 72, 3, None, "block=192x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong"),
+])
+def test_warp_specialized_tf32_kernel_reads_k_major_panels_of_32_elements(m, n, k, batch, epilogue, config):
+    """TF32 operands, both K-major: a k-tile is one 128-byte panel of 32 elements, each operand one TMA
+    box of 32 x the tile's rows, and the consumers run TF32 wgmma (k = 8) without spills."""
+    from jnova.codegen.gpu import matmul_tma
+
+    problem = ContractionProblem(m, n, k, batch=batch, a_layout="row", b_layout="col")
+    config = TileConfig.parse(config) if config else choose_tiles(problem, H200)
+    assert config.pingpong and config.block_k == 32, config
+    a, b = matmul_tma.tensor_maps(problem, config, 3)
+    assert (a.dtype, a.dims[:2], a.strides[0], a.box[:2]) == ("float32", (k, m), k * 4, (32, config.block_m))
+    assert (b.dtype, b.dims[:2], b.strides[0], b.box[:2]) == ("float32", (k, n), k * 4, (32, config.block_n))
+    if batch > 1:
+        assert (a.strides[1], b.strides[1]) == (m * k * 4, n * k * 4)
+    kernel = build_matmul(problem, config, H200, epilogue)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k8\.f32\.tf32\.tf32", kernel.ptx)
+    assert kernel.ptx.count("cp.async.bulk.tensor") >= 2 and "cp.async.ca" not in kernel.ptx
+    report = assemble_check(kernel.ptx, "sm_90a")
+    print(kernel.schedule, report)
+    assert report.spill_stores == report.spill_loads == 0 and "Potential Performance Loss" not in report.log
+
+
 @pytest.mark.parametrize("a_layout, b_layout, batch", [("row", "row", 1), ("col", "col", 3), ("col", "row", 2)])
 def test_tensor_maps_describe_the_operands_as_the_tiles_lie_in_shared_memory(a_layout, b_layout, batch):
     """A K-major operand's box is its whole k-tile (64 elements of K by the tile's rows); an MN-major
@@ -277,7 +303,7 @@ def test_warp_specialized_kernel_refusals_name_the_reason():
     with pytest.raises(LoweringError, match="256 accumulators a consumer thread"):
         matmul_module(ContractionProblem(1024, 1024, 64, operand_dtype="bfloat16"),
                       TileConfig.parse(PINGPONG.format("128x256x64", 3)), H200)
-    with pytest.raises(LoweringError, match="16-bit wgmma"):
+    with pytest.raises(LoweringError, match="TF32 operands that are not both K-major"):
         matmul_module(ContractionProblem(1024, 1024, 64), TileConfig.parse(
             "block=128x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong"), H200)
     with pytest.raises(LoweringError, match="needs wgmma"):

@@ -32,12 +32,13 @@ The rules (Nova report, section 4.4):
    first (`passes/transpose_operands.py`) when its DRAM round trip costs less than the main loop
    gains, and its copy is at most `TRANSPOSE_MAX_BYTES` (memory held until the contraction runs).
 
-8. Warp-specialized kernel (`PINGPONG_TILE_EFFICIENCY`; 16-bit operands on targets with TMA, when
-   the kernel can be launched with tensor maps): a persistent block of a TMA producer and two
-   consumer warpgroups that take tiles in turn, so one stores its tile while the other computes
+8. Warp-specialized kernel (`PINGPONG_TILE_EFFICIENCY`; wgmma on targets with TMA, when the kernel
+   can be launched with tensor maps): a persistent block of a TMA producer and two consumer
+   warpgroups that take tiles in turn, so one stores its tile while the other computes
    (`codegen/gpu/matmul_tma.py`). Each SM works through ceil(tiles / SMs) consumer tiles; that count
    x tile area / the tile's measured efficiency (rule 2's units) against rule 2's choice picks it.
-   It needs rows of A and B in whole 16-byte units (TMA strides) and no split-K slices of A.
+   It needs rows of A and B in whole 16-byte units (TMA strides), no split-K slices of A, and TF32
+   operands both K-major (the TMA copies land as they are; rule 7 decides the copies before).
 
 Attention is the exception (report, section 4.2): `attention_tiles` picks a fixed 64-row query tile and
 the largest key tile from a short seed list whose fused-loop footprint fits.
@@ -80,12 +81,16 @@ WGMMA_TILE_EFFICIENCY = {"tf32": (0.4, 0.7, 0.68, 1.0), "16-bit": (0.35, 0.6, 0.
 
 
 # The warp-specialized ping-pong kernel's consumer tiles, their throughput relative to rule 2's top
-# rung (the 256x128 tile of two warpgroups = 1.0). H200, benchmarks/matmul.py --variants on the six
-# GPT-2 bf16 shapes (2026-12-01, 4 stages, C stored from registers): 128x192 1.08-1.31 (median 1.2),
-# 192x128 0.9-1.22, 128x128 1.03-1.23; with TMA stores of C 128x192 ran 1.3-1.4 on the K = 768
-# shapes. A consumer holds its tile's f32 accumulators: 192 registers at most.
+# rung (the 256x128 tile of two warpgroups = 1.0) in the same precision. H200, benchmarks/matmul.py
+# --variants on the six GPT-2 shapes, 4 stages:
+# - bf16 (2026-12-01, C stored from registers): 128x192 1.08-1.31 (median 1.2), 192x128 0.9-1.22,
+#   128x128 1.03-1.23; with TMA stores of C 128x192 ran 1.3-1.4 on the K = 768 shapes;
+# - TF32, both operands K-major (2026-12-01, session 12, TMA stores): 128x192 1.06-1.34 (median
+#   1.24), 192x128 1.06-1.30, 128x128 0.99-1.19.
+# One table serves both. A consumer holds its tile's f32 accumulators: 192 registers at most.
 PINGPONG_TILE_EFFICIENCY = {(128, 192): 1.2, (192, 128): 1.1, (128, 128): 1.08}
 PINGPONG_STAGES = 4  # 4 stages measured at or above 5 and 6 on those shapes
+PINGPONG_K_TILE_BYTES = 128  # a k-tile is one 128-byte swizzle panel: block_k 64 (16-bit), 32 (TF32)
 
 SPLIT_K_MAX = 16
 SPLIT_K_MIN_K = 512  # contracting elements per partial product: the pipeline's fill and drain amortized
@@ -319,14 +324,14 @@ def _decide(problem: ContractionProblem, target: Target, tensor_maps: bool = Tru
         mma = _mma_sync_form(mma)
     warps_m, warps_n = _warps(chosen.block_m, chosen.block_n, mma, memory_side, target)
     config = _pipeline(problem, chosen.block_m, chosen.block_n, warps_m, warps_n, mma, target)
-    if not (mma.startswith("wgmma") and problem.operand_bytes == 2 and tensor_maps and target.has("tma")
-            and pingpong_refusal(problem) is None):
+    if not (mma.startswith("wgmma") and tensor_maps and target.has("tma") and pingpong_refusal(problem) is None):
         return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config)
     time = _wgmma_time(chosen, _family(problem, mma))
     weighed = tuple(((bm, bn), _pingpong_time(problem, target, bm, bn)) for bm, bn in PINGPONG_TILE_EFFICIENCY)
     (bm, bn), best = min(weighed, key=lambda w: w[1])
     if best < time:
-        pingpong = TileConfig(bm, bn, 64, 4, 1, PINGPONG_STAGES, mma, 128, pingpong=True)
+        block_k = PINGPONG_K_TILE_BYTES // problem.operand_bytes
+        pingpong = TileConfig(bm, bn, block_k, 4, 1, PINGPONG_STAGES, mma, 128, pingpong=True)
         if pingpong.smem_bytes <= target.smem_per_block_optin:
             config = pingpong
     return _Decision(ai, balance, rung, tuple(tried), chosen, memory_side, config, time, weighed)
@@ -337,6 +342,9 @@ def pingpong_refusal(problem: ContractionProblem) -> str | None:
     its producer copies whole operands, not split-K slices of A (`matmul_tma.refusal` adds the
     config's conditions)."""
     p, problems = problem, []
+    if p.operand_bytes == 4 and (p.a_layout, p.b_layout) != ("row", "col"):
+        problems.append("TF32 operands that are not both K-major (wgmma does not transpose them; rule 7 "
+                        "may copy them K-major first)")
     if p.a_split_k:
         problems.append("split-K slices of A")
     inner = {"A": p.k if p.a_layout == "row" else p.m, "B": p.k if p.b_layout == "col" else p.n}

@@ -1,7 +1,8 @@
 """Contraction kernels on the GPU (`pytest -m gpu`): `build_matmul` against float64 NumPy on fresh
-random inputs, for both main loops (TF32 mma.sync; TF32 and bf16 wgmma), every operand layout, awkward
-shapes (M=1000, N=77, K=33: masked edges, unaligned rows), a batch, the bias/residual epilogue, and
-split-K partial products of a row-major A read in place.
+random inputs, for every main loop (TF32 mma.sync; TF32 and bf16 wgmma; the warp-specialized TMA
+kernel in bf16 and TF32), every operand layout, awkward shapes (M=1000, N=77, K=33: masked edges,
+unaligned rows), a batch, the bias/residual epilogue, and split-K partial products of a row-major A
+read in place.
 
 Launch: through `nova_kernel_p`'s CUDA lowering (jaxlib's PTX kernel call) inside `jax.jit`. The
 output is poisoned: it aliases a donated NaN-filled operand, so an element the kernel does not
@@ -92,6 +93,13 @@ def _cases():
     cases.append(("bfloat16", (3, 1000, 1000, 72), "row", "row", BOTH, wide.format("128x192x64", 5)))
     cases.append(("bfloat16", (2, 2000, 1040, 200), "col", "col", None, wide.format("192x128x64", 4)))
     cases.append(("bfloat16", (1, 16384, 3072, 768), "row", "row", None, wide.format("128x192x64", 5)))
+    # the same kernel with TF32 operands, both K-major (k-tiles of 32 elements: one 128-byte panel)
+    tf32 = "block={} warps=4x1 stages={} mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong"
+    cases.append(("float32", (3, 1000, 1000, 72), "row", "col", BOTH, tf32.format("128x128x32", 5)))
+    cases.append(("float32", (1, 1000, 200, 40), "row", "col", None, tf32.format("128x128x32", 3)))
+    cases.append(("float32", (2, 2000, 1040, 200), "row", "col", None, tf32.format("128x192x32", 4)))
+    cases.append(("float32", (1, 16384, 3072, 768), "row", "col", None, tf32.format("128x192x32", 4)))
+    cases.append(("float32", (1, 4096, 768, 3072), "row", "col", BOTH, tf32.format("192x128x32", 4)))
     return cases
 
 

@@ -1,4 +1,5 @@
-"""The warp-specialized ping-pong contraction kernel fed by TMA (sm_90a, 16-bit operands).
+"""The warp-specialized ping-pong contraction kernel fed by TMA (sm_90a; 16-bit operands in either
+layout, TF32 operands both K-major).
 
 A block of three warpgroups walks block tiles (persistent, one block per SM):
 
@@ -90,12 +91,16 @@ def stores_by_tma(problem, epilogue) -> bool:
 def refusal(problem, config) -> str | None:
     """Why this kernel cannot compute `problem` with `config`, or None."""
     p, problems = problem, []
-    if not config.is_wgmma or "tf32" in config.mma:
-        problems.append("it takes 16-bit wgmma operands")
+    if not config.is_wgmma:
+        problems.append("it takes wgmma operands")
+    elif "tf32" in config.mma and (p.a_layout, p.b_layout) != ("row", "col"):
+        problems.append("TF32 operands must both be K-major (a=row b=col): wgmma does not transpose them, "
+                        "and the TMA copies land as they are")
     if (config.warps_m, config.warps_n) != (4, 1):
         problems.append("a consumer is one warpgroup (warps=4x1)")
-    if config.block_k * 2 != PANEL_BYTES:
-        problems.append(f"block_k={config.block_k}: a k-tile is one 128-byte panel (64 elements)")
+    panel = PANEL_BYTES // config.operand_bytes
+    if config.block_k != panel:
+        problems.append(f"block_k={config.block_k}: a k-tile is one 128-byte panel ({panel} elements)")
     if config.block_m % 64 or config.block_n % 64 or config.block_m > 256 or config.block_n > 256:
         problems.append(f"{config.block_m}x{config.block_n} tiles (multiples of 64, at most 256)")
     elif config.block_m * config.block_n // 128 > MAX_ACCUMULATORS:
@@ -109,19 +114,20 @@ def refusal(problem, config) -> str | None:
 def tensor_maps(problem, config, first_param: int) -> tuple[TensorMap, TensorMap]:
     """The descriptors of A (buffer 0) and B (buffer 1), passed as kernel parameters `first_param` and
     the next one: innermost dimension first, the batch last where there is one. A box is one panel:
-    64 elements of K by the tile's rows (K-major), or 64 elements of M or N by block_k rows of K
-    (MN-major, one copy per panel)."""
+    128 bytes of K by the tile's rows (K-major), or 128 bytes of M or N by block_k rows of K
+    (MN-major, 16-bit only, one copy per panel)."""
     p = problem
+    elem = p.operand_bytes
     a_stride, b_stride = batch_strides(p)
     out = []
     for buffer, (k_major, mn, tile_mn, stride) in enumerate((
             (p.a_layout == "row", p.m, config.block_m, a_stride),
             (p.b_layout == "col", p.n, config.block_n, b_stride))):
         inner, outer = (p.k, mn) if k_major else (mn, p.k)
-        box = (64, tile_mn) if k_major else (64, config.block_k)
-        dims, strides = (inner, outer), (inner * 2,)
+        box = (PANEL_BYTES // elem, tile_mn if k_major else config.block_k)
+        dims, strides = (inner, outer), (inner * elem,)
         if p.batch > 1:
-            dims, strides, box = dims + (p.batch,), strides + (stride * 2,), box + (1,)
+            dims, strides, box = dims + (p.batch,), strides + (stride * elem,), box + (1,)
         out.append(TensorMap(buffer, first_param + buffer, p.operand_dtype, dims, strides, box, 128))
     return out[0], out[1]
 
@@ -226,8 +232,8 @@ def _produce(ctx, bid, local, blocks, k_tiles, ring_bytes, maps, tile_context, b
                     (ctx.b, ctx.a_ring_bytes, n0, p.b_layout == "col", maps[1])):
                 stage_base = (ring_offset, (stage, tile.bytes))
                 panels = [(0, (k0, mn0))] if k_major else [
-                    (q * tile.panel_bytes, (em.op(f"arith.addi {mn0}, {em.i32(64 * q)} : i32"), k0))
-                    for q in range(tile.mn // 64)]
+                    (q * tile.panel_bytes, (em.op(f"arith.addi {mn0}, {em.i32(tile.panel_elems * q)} : i32"), k0))
+                    for q in range(tile.mn // tile.panel_elems)]
                 for offset, coords in panels:
                     dst = em.op(f"llvm.inttoptr {shared_i32((*stage_base, offset))} : i32 to !llvm.ptr<3>")
                     dst = em.op(f"llvm.addrspacecast {dst} : !llvm.ptr<3> to !llvm.ptr<7>")

@@ -1,6 +1,7 @@
 """Split-K: a weight gradient whose tiles leave SMs idle becomes partial products over K and their sum
 (configure_tiles rule 6, passes/split_contractions.py); a lone reshape is a view, not a kernel."""
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -45,11 +46,28 @@ def _problem(m, n, k, dtype="float32", a="col", b="row"):
 
 
 def test_gpt2_weight_gradients_split_on_the_h200():
-    """TF32 weight gradients of GPT-2 at 8 x 1024 tokens: 18-72 tiles of 256 x 128 for 132 SMs."""
+    """TF32 weight gradients of GPT-2 at 8 x 1024 tokens (A and B MN-major): 18-72 tiles of 256 x 128
+    for 132 SMs on rule 2's kernel, so they are split. Where rule 8's kernel can run (tensor maps),
+    each side is weighed as rule 7 would lay it out: both operands copied K-major, the ping-pong
+    kernel takes all but 768 x 768 whole (2304 x 768: 212.5 us whole against 224.9 us in two)."""
     for m, n in ((768, 768), (2304, 768), (3072, 768), (768, 3072)):
-        assert ct.choose_split_k(_problem(m, n, 8192), H200) > 1, ct.explain_split_k(_problem(m, n, 8192), H200)
+        problem = _problem(m, n, 8192)
+        assert ct.choose_split_k(problem, H200, tensor_maps=False) > 1, ct.explain_split_k(problem, H200, False)
+        assert (ct.choose_split_k(problem, H200) > 1) == (m == n == 768), ct.explain_split_k(problem, H200)
+        if m * n > 768 * 768:
+            assert ct.choose_transposes(problem, H200) == (True, True), ct.explain_transposes(problem, H200)
     # the LM head's 50257 x 768 gradient fills the SMs nine times over
     assert ct.choose_split_k(_problem(50260, 768, 8192), H200) == 1
+
+
+def test_a_long_tf32_k_is_weighed_after_the_transposes_rule_7_would_make():
+    """The LM head's input gradient in TF32 (B, the embedding, as [K, N]): whole, B copied K-major
+    and the ping-pong kernel (2132 us estimated) against two splits on rule 2's kernel; without tensor
+    maps the split wins, as it did before rule 8's kernel took TF32."""
+    problem = _problem(8192, 768, 50304, a="row", b="row")
+    assert ct.choose_split_k(problem, H200) == 1, ct.explain_split_k(problem, H200)
+    assert ct.choose_transposes(problem, H200) == (False, True)
+    assert ct.choose_split_k(problem, H200, tensor_maps=False) == 2, ct.explain_split_k(problem, H200, False)
 
 
 @pytest.mark.parametrize("problem, target", [
@@ -136,17 +154,30 @@ def test_row_major_splits_keep_16_byte_aligned_slices():
     assert times and all(50260 // s * 4 % 16 == 0 for s in times if s > 1)
 
 
-def test_gpu_plan_of_a_split_weight_gradient():
-    """Ahead of time for the H200: the batched contraction kernel, the sum as a column reduction, and
-    the operands' reshapes as views (no kernel, no XLA op)."""
+@pytest.mark.parametrize("launcher", ["jnova", "jaxlib"])
+def test_gpu_plan_of_a_split_weight_gradient(monkeypatch, launcher):
+    """Ahead of time for the H200: the batched contraction kernel and the sum as a column reduction.
+    With tensor maps (jnova's launcher) rule 7 copies both operands of the partial products K-major,
+    the reshapes folded into those transposes, and the ping-pong kernel takes them; through jaxlib's
+    kernel call the operands' reshapes are views (no kernel, no XLA op) read by rule 2's kernel."""
+    monkeypatch.setenv("JNOVA_LAUNCHER", launcher)
+    tensor_maps = launcher == "jnova"
     args = (_f32(8, 1024, 768), _f32(8, 1024, 768), _f32(768, 768))
     lowered = jnova.compile(_weight_gradient, target="h200").lower(*args)
     stats = lowered.stats()
     launches = lowered.as_text("launches").splitlines()
-    assert stats["views"] == 2 and stats["xla_groups"] == 0, stats
-    splits = ct.choose_split_k(_problem(768, 768, 8192), H200)
-    assert any(f"matmul[wgmma] {splits}x768x768x{8192 // splits}" in line for line in launches), launches
+    splits = ct.choose_split_k(_problem(768, 768, 8192), H200, tensor_maps)
+    assert splits > 1 and stats["xla_groups"] == 0, stats
+    kernel = "tma-pingpong" if tensor_maps else "wgmma"
+    assert any(f"matmul[{kernel}] {splits}x768x768x{8192 // splits}" in line for line in launches), launches
     assert any(f"column_reduction(rows={splits}," in line for line in launches), launches
+    # each operand's reshape is a view, or folded into the transpose rule 7 makes of it
+    part = dataclasses.replace(_problem(768, 768, 8192), batch=splits, k=8192 // splits)
+    chosen = ct.choose_transposes(part, H200, tensor_maps)
+    assert chosen == (True, True) or not tensor_maps, ct.explain_transposes(part, H200)
+    transposes = sum(int(m.group(1)) for m in (re.match(r"kernel_\d+ x(\d+) transpose\(", line) for line in launches)
+                     if m)
+    assert transposes == sum(chosen) and stats["views"] == 2 - sum(chosen), (stats, launches)
 
 
 def test_a_lone_reshape_is_a_view_on_the_cpu_too():

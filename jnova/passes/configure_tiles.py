@@ -24,13 +24,15 @@ The rules (Nova report, section 4.4):
 6. Split-K (`choose_split_k`, wgmma targets): a contraction with B as [K, N] (K leading) whose tiles
    leave SMs idle (a weight gradient, A as [K, M]; or a long K with A as [M, K]) is split into S
    partial products over K/S each (a batched contraction, then a sum: `passes/split_contractions.py`),
-   S from 1..`SPLIT_K_MAX` minimizing waves x tile time (rule 2's weights, at the layouts' measured
-   main-loop rate) plus the partial products' DRAM traffic, if that saves 10%.
+   S from 1..`SPLIT_K_MAX` minimizing waves x tile time (the weights of the kernel each side would
+   get, rule 2's or rule 8's, at the layouts' measured main-loop rate; in TF32 after the transposes
+   rule 7 would choose for that side) plus the partial products' DRAM traffic, if that saves 10%.
 7. Operand layouts (`choose_transposes`, TF32 on wgmma targets): wgmma reads TF32 operands K-major
    only, so the kernel transposes an MN-major operand into shared memory 4 bytes at a time, which
-   slows its main loop (`TF32_LAYOUT_FRACTION`). An operand is transposed in a kernel of its own
-   first (`passes/transpose_operands.py`) when its DRAM round trip costs less than the main loop
-   gains, and its copy is at most `TRANSPOSE_MAX_BYTES` (memory held until the contraction runs).
+   slows its main loop (`TF32_LAYOUT_FRACTION`), and rule 8's kernel takes TF32 only K-major. An
+   operand is transposed in a kernel of its own first (`passes/transpose_operands.py`) when its DRAM
+   round trip costs less than the main loop gains (each layout timed with the kernel it would get),
+   and its copy is at most `TRANSPOSE_MAX_BYTES` (memory held until the contraction runs).
 
 8. Warp-specialized kernel (`PINGPONG_TILE_EFFICIENCY`; wgmma on targets with TMA, when the kernel
    can be launched with tensor maps): a persistent block of a TMA producer and two consumer
@@ -385,7 +387,7 @@ def _split_times(problem: ContractionProblem, target: Target, tensor_maps: bool 
     mma = _mma_kind(problem.operand_dtype, target)
     if not (mma.startswith("wgmma") and problem.batch == 1 and problem.b_layout == "row"):
         return [(1, 0.0)]  # no split to weigh: no time model needed
-    whole = [(1, _contraction_seconds(problem, target, mma, tensor_maps))]
+    whole = [(1, _planned_seconds(problem, target, mma, tensor_maps))]
     partial_bytes = problem.m * problem.n * OPERAND_BYTES[problem.out_dtype]
     for s in range(2, SPLIT_K_MAX + 1):
         if problem.k % s or problem.k // s < SPLIT_K_MIN_K:
@@ -395,38 +397,56 @@ def _split_times(problem: ContractionProblem, target: Target, tensor_maps: bool 
         part = dataclasses.replace(problem, batch=s, k=problem.k // s, a_split_k=problem.a_layout == "row")
         # the partial products are written and read back once more than the result would be
         extra = 2 * s * partial_bytes / (SPLIT_K_DRAM_EFFICIENCY * target.dram_bytes_per_s) + SPLIT_K_SUM_LAUNCH_S
-        whole.append((s, _contraction_seconds(part, target, mma, tensor_maps) + extra))
+        whole.append((s, _planned_seconds(part, target, mma, tensor_maps) + extra))
     return whole
 
 
-def choose_transposes(problem: ContractionProblem, target: Target) -> tuple[bool, bool]:
-    """Whether A and B are transposed into K-major copies before the contraction (rule 7)."""
-    times = _transpose_times(problem, target)
-    best = min(times, key=lambda option: (times[option], sum(option)))
-    return best if times[best] <= TRANSPOSE_MIN_GAIN * times[(False, False)] else (False, False)
+def _planned_seconds(problem: ContractionProblem, target: Target, mma: str, tensor_maps: bool) -> float:
+    """The contraction's time as the plan will run it: in TF32, after the transposes rule 7 chooses
+    for it (their DRAM round trips included), so a split is weighed against the whole contraction
+    with K-major operands on the kernel it would then get, and the other way round."""
+    times = _transpose_times(problem, target, tensor_maps)
+    if len(times) == 1:  # no transposes to weigh (16-bit operands, or no wgmma)
+        return _contraction_seconds(problem, target, mma, tensor_maps)
+    return times[_best_transposes(times)]
 
 
-def explain_transposes(problem: ContractionProblem, target: Target) -> str:
-    times = _transpose_times(problem, target)
-    chosen = choose_transposes(problem, target)
+def choose_transposes(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> tuple[bool, bool]:
+    """Whether A and B are transposed into K-major copies before the contraction (rule 7);
+    `tensor_maps` as for `choose_tiles`: each layout is timed with the kernel it would get."""
+    return _best_transposes(_transpose_times(problem, target, tensor_maps))
+
+
+def explain_transposes(problem: ContractionProblem, target: Target, tensor_maps: bool = True) -> str:
+    times = _transpose_times(problem, target, tensor_maps)
+    chosen = _best_transposes(times)
     return "; ".join(f"{'*' if option == chosen else ''}transpose A={option[0]} B={option[1]}: {t * 1e6:.1f} us"
                      for option, t in times.items())
 
 
-def _transpose_times(problem: ContractionProblem, target: Target) -> dict[tuple[bool, bool], float]:
-    """Estimated seconds (main loop + transposes) of each allowed choice of operands to transpose."""
+def _best_transposes(times: dict[tuple[bool, bool], float]) -> tuple[bool, bool]:
+    best = min(times, key=lambda option: (times[option], sum(option)))
+    return best if times[best] <= TRANSPOSE_MIN_GAIN * times[(False, False)] else (False, False)
+
+
+def _transpose_times(problem: ContractionProblem, target: Target,
+                     tensor_maps: bool = True) -> dict[tuple[bool, bool], float]:
+    """Estimated seconds (main loop + transposes) of each allowed choice of operands to transpose:
+    the main loop as `_contraction_seconds` times it in the layouts that choice leaves (so K-major
+    operands count with rule 8's kernel where it takes them)."""
     if problem.operand_dtype != "float32" or not target.has("wgmma"):
         return {(False, False): 0.0}
+    mma = _mma_kind(problem.operand_dtype, target)
     sizes = (problem.batch * problem.m * problem.k * 4, problem.batch * problem.k * problem.n * 4)
     can = (problem.a_layout == "col" and sizes[0] <= TRANSPOSE_MAX_BYTES,
            problem.b_layout == "row" and sizes[1] <= TRANSPOSE_MAX_BYTES)
-    peak = target.peak_tensor_flops("float32")
     times = {}
     for option in ((False, False), (True, False), (False, True), (True, True)):
         if any(t and not c for t, c in zip(option, can)):
             continue
         layouts = ("row" if option[0] else problem.a_layout, "col" if option[1] else problem.b_layout)
-        seconds = problem.flops / (TF32_LAYOUT_FRACTION[layouts] * peak)
+        laid_out = dataclasses.replace(problem, a_layout=layouts[0], b_layout=layouts[1])
+        seconds = _contraction_seconds(laid_out, target, mma, tensor_maps)
         for transposed, size in zip(option, sizes):
             if transposed:
                 seconds += 2 * size / (TRANSPOSE_DRAM_EFFICIENCY * target.dram_bytes_per_s) + TRANSPOSE_LAUNCH_S

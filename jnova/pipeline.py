@@ -39,6 +39,7 @@ from jnova.passes.fuse import fuse
 from jnova.passes.align_contractions import align_contractions
 from jnova.passes.bucket_all_reduces import bucket_all_reduces
 from jnova.passes.mixed_precision import demote_contractions
+from jnova.passes.rederive_dividends import rederive_dividends
 from jnova.passes.split_contractions import split_contractions
 from jnova.passes.transpose_operands import transpose_operands
 from jnova.primitives import backends
@@ -150,6 +151,8 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
             demote_contractions(func)
     with stage("dce"):                  # drop what the step does not return
         dce(func, keep_sites={i for i, e in enumerate(program.sites) if e.effects})
+    with stage("rederive"):             # a softmax's exp(x - max) need not be kept for the backward
+        rederive_dividends(func)
     per_group = options.kernels == "fused" or (options.kernels == "auto" and backend == "gpu")
     if per_group:
         with stage("align"):            # the GPU plan: contraction operands in whole 16-byte rows

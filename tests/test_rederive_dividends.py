@@ -1,0 +1,134 @@
+"""rederive_dividends: a softmax's exp(x - max), read again by its gradient, dies at the division;
+the gradient reads quotient x divisor instead. Checked on the nova function (which reads move,
+what the results are), on whole steps against jax.jit, on the GPU plan (one tensor fewer written),
+and on the cases the pass must leave alone."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jnova
+from jnova.capture.to_nova import to_nova
+from jnova.capture.trace import trace
+from jnova.passes import rederive_dividends as rd
+from jnova.passes.canonicalize import canonicalize
+from jnova.passes.cse import cse
+from jnova.passes.dce import dce
+from jnova.primitives.nova_to_jax import evaluate_ops
+
+B, T, D = 8, 256, 32  # the scores: 8 x 256 x 256 f32, 2 MB (at least rd.MIN_BYTES)
+
+
+def _f32(*shape):
+    return np.random.default_rng().standard_normal(shape, np.float32)
+
+
+def _func(fn, *args):
+    func = to_nova(trace(fn, args, {}), fallback="error").func
+    canonicalize(func)
+    cse(func)
+    dce(func)
+    return func
+
+
+def _attention_loss(q, k, v):
+    scores = jnp.einsum("bqd,bkd->bqk", q, k) / math.sqrt(D)
+    scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -1e9)
+    return jnp.sum(jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(scores, axis=-1), v) ** 2)
+
+
+_attention_step = jax.value_and_grad(_attention_loss, argnums=(0, 1, 2))
+
+
+def _args():
+    return _f32(B, T, D), _f32(B, T, D), _f32(B, T, D)
+
+
+def _exp(func):
+    (op,) = [op for op in func.ops if op.name == "nova.exp" and op.results[0].type.shape[-2:] == (T, T)]
+    return op.results[0]
+
+
+def test_the_softmax_gradient_reads_the_quotient_and_the_results_stay():
+    args = _args()
+    func = _func(_attention_step, *args)
+    e = _exp(func)
+    position = {id(op): i for i, op in enumerate(func.ops)}
+    (div,) = [op for op in func.ops if op.name == "nova.div" and op.operands[0] is e]
+    assert any(position[id(op)] > position[id(div)] for op in func.ops if e in op.operands)  # read late
+    assert rd.rederive_dividends(func) == 1
+    func.verify()
+    position = {id(op): i for i, op in enumerate(func.ops)}
+    readers = [op for op in func.ops if e in op.operands]
+    assert readers and all(position[id(op)] <= position[id(div)] for op in readers)  # e dies at the division
+    late = [op for op in func.ops if op.name == "nova.mul" and div.results[0] in op.operands]
+    assert late, "the late reads take quotient x divisor"
+    got = jax.jit(evaluate_ops(func.ops, func.args, func.returns))(*args)
+    want = jax.tree.leaves(jax.jit(_attention_step)(*args))
+    for g, w in zip(got, want):  # q * s is e up to two f32 roundings
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5 * np.abs(np.asarray(w)).max())
+
+
+def test_a_compiled_step_matches_jit_on_the_cpu():
+    args = _args()
+    got = jnova.compile(_attention_step, backend="cpu")(*args)
+    want = jax.jit(_attention_step)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5 * np.abs(np.asarray(w)).max())
+
+
+def _scores_written(monkeypatch, min_bytes: int) -> int:
+    monkeypatch.setattr(rd, "MIN_BYTES", min_bytes)
+    lowered = jnova.compile(_attention_step, target="h200").lower(*_args())
+    steps = lowered.executable.meta["plan"]["steps"]
+    return sum(tuple(t[0])[-2:] == (T, T) and t[1] == "float32" for s in steps for t in s.get("out_types", []))
+
+
+def test_the_gpu_plan_writes_one_scores_sized_tensor_less(monkeypatch):
+    """Ahead of time for the H200: the softmax's kernel no longer writes exp(x - max) out."""
+    taken = _scores_written(monkeypatch, rd.MIN_BYTES)
+    assert taken == _scores_written(monkeypatch, 1 << 62) - 1  # a threshold the pass takes nothing at
+
+
+def _count(fn, *args):
+    return rd.rederive_dividends(_func(fn, *args))
+
+
+def test_what_is_left_alone():
+    x, s = _f32(B, T, T), _f32(B, T, 1) + 3.0
+
+    def taken(x, s, w):  # a contraction reads the quotient, an elementwise op the dividend later
+        e = jnp.exp(x)
+        q = e / s
+        return jnp.sum(jnp.einsum("bij,bjk->bik", q, w)) + jnp.sum(jnp.sin(w) * e)
+
+    assert _count(taken, x, s, x) == 1  # for contrast: the form the pass takes
+    # a small dividend
+    assert _count(_attention_step, _f32(2, T, D), _f32(2, T, D), _f32(2, T, D)) == 0
+    # the dividend is an argument of the step, held anyway
+    assert _count(lambda e, s, w: jnp.sum(jnp.einsum("bij,bjk->bik", e / s, w)) + jnp.sum(jnp.sin(w) * e),
+                  x, s, x) == 0
+    # the divisor as large as the dividend (not a broadcast)
+    assert _count(lambda x, t, w: taken(x, t, w), x, x + 3.0, x) == 0
+    # a late read by a contraction: quotient x divisor would have to be written out
+    assert _count(lambda x, s, w: jnp.sum(jnp.einsum("bij,bjk->bik", jnp.exp(x) / s, w))
+                  + jnp.sum(jnp.einsum("bij,bjk->bik", jnp.sin(w), jnp.exp(x))), x, s, x) == 0
+    # integers: division does not invert
+    xi = np.random.default_rng().integers(1, 100, (B, T, T), np.int32)
+    assert _count(lambda x, s, w: jnp.sum(jnp.einsum("bij,bjk->bik", (x * 3) // s, w)) + jnp.sum(w * (x * 3)),
+                  xi, np.full((B, T, 1), 3, np.int32), xi) == 0
+
+    def fused_away(x, s, w):  # only elementwise ops read the quotient: it need never be written out
+        e = jnp.exp(x)
+        return jnp.sum(jnp.tanh(e / s)) + jnp.sum(w * e)
+
+    assert _count(fused_away, x, s, x) == 0
+
+    def returned(x, s, w):
+        e = jnp.exp(x)
+        q = e / s
+        return e, jnp.sum(jnp.einsum("bij,bjk->bik", q, w)) + jnp.sum(jnp.sin(w) * e)
+
+    assert _count(returned, x, s, x) == 0

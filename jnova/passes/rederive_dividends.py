@@ -7,9 +7,12 @@ layer, 4.8 GB more than the step needs. Since q is kept too (the backward reads 
 of e can take q * s instead: one multiply in the kernel that reads it, the same bytes
 read, and e is gone after the division (its kernel no longer writes it out).
 
-Taken only where that cannot cost traffic or memory:
-- the division is elementwise over a float type, by a broadcast of a value at most 1/16 of the
-  dividend's size (a row sum, a scalar), so re-reading the divisor is cheap;
+Taken only for a softmax's division, and only where that cannot cost traffic or memory:
+- the dividend is an `exp` (so never negative) and the divisor a broadcast of its own sum over
+  some dims (through reshapes and broadcasts), so the divisor is positive wherever a dividend of
+  its row is, and q * s gives e back. A general divisor can be zero: q * s would be NaN where e
+  was finite. The sum is at most 1/16 of the dividend's size (a row sum), so reading it again is
+  cheap;
 - the dividend is at least `MIN_BYTES`, computed by the step and not one of its results (an
   argument or a result is held for the whole step anyway);
 - every read of the dividend after the division is an elementwise op (the multiply fuses into its
@@ -84,9 +87,11 @@ def _late_reads(op: Op, i: int, reads, returned: set) -> list[tuple[int, Op, int
         return None
     if dividend.type.dtype not in FLOAT_DTYPES or dividend.type.nbytes < MIN_BYTES:
         return None
-    if divisor.owner is None or divisor.owner.name != "nova.broadcast":
+    if dividend.owner.name != "nova.exp" or divisor.owner is None or divisor.owner.name != "nova.broadcast":
         return None
     if divisor.owner.operands[0].type.size * DIVISOR_RATIO > dividend.type.size:
+        return None
+    if not _sum_of(divisor.owner.operands[0], dividend):
         return None
     late = [(j, reader, k) for j, reader, k in reads[dividend] if j > i]
     if not late or not all(isinstance(reader, ElementwiseOp) for _, reader, _ in late):
@@ -94,3 +99,11 @@ def _late_reads(op: Op, i: int, reads, returned: set) -> list[tuple[int, Op, int
     if quotient not in returned and not any(reader.name == "nova.matmul" for _, reader, _ in reads[quotient]):
         return None  # the quotient may live only inside the division's kernel: e's reads would write it out
     return late
+
+
+def _sum_of(value: Value, dividend: Value) -> bool:
+    """Whether `value` is a sum of `dividend` over some dims, reshaped or broadcast."""
+    while value.owner is not None and value.owner.name in ("nova.broadcast", "nova.reshape"):
+        value = value.owner.operands[0]
+    op = value.owner
+    return op is not None and op.name == "nova.reduce" and op.attrs["kind"] == "sum" and op.operands[0] is dividend

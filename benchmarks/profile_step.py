@@ -12,6 +12,7 @@ profiler are slightly longer than gpt2_step.py's.
 from __future__ import annotations
 
 import collections
+import datetime
 import glob
 import gzip
 import json
@@ -98,7 +99,8 @@ def main():
     for name, t in rows[:args.top]:
         print(f"  {t / args.steps / 1e3:8.3f} ms  x{counts[name] // args.steps:<4d} {family.get(name, '')[:20]:20s} {name[:90]}")
     record = {"impl": args.impl, "dtype": args.dtype, "case": f"B{args.batch}xT{args.seq}xL{args.layers}",
-              "device": jax.devices()[0].device_kind, "jax": jax.__version__, "gpu_ms_per_step": total / 1e3,
+              "device": jax.devices()[0].device_kind, "date": datetime.date.today().isoformat(),
+              "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown"), "gpu_ms_per_step": total / 1e3,
               "launches_per_step": sum(counts.values()) // args.steps,
               "by_family_ms": {k: v / args.steps / 1e3 for k, v in by_family.items()},
               "top_kernels": [{"name": n, "ms": t / args.steps / 1e3, "launches": counts[n] // args.steps,

@@ -278,8 +278,8 @@ def main(argv=None) -> int:
             problem = ContractionProblem(m, n, k, operand_dtype=dtype, b_layout=args.b_layout)
             configs = [(choose_tiles(problem, target), True)]
             if args.variants and (m, n, k) in GPT2:
-                configs += [(TileConfig.parse(v), False) for v in VARIANTS[dtype]
-                            if matmul_refusal(problem, TileConfig.parse(v), target) is None]
+                variants = [TileConfig.parse(v) for v in VARIANTS[dtype]]
+                configs += [(c, False) for c in variants if matmul_refusal(problem, c, target) is None]
             for config, chosen in configs:
                 jobs.append((problem, config, chosen, None))
                 if args.variants and persistent_blocks(problem, config, target):  # the same, a block per tile

@@ -10,20 +10,11 @@ from jnova.capture.to_nova import to_nova
 from jnova.capture.trace import trace
 from jnova.codegen.gpu.contraction import contraction_problem
 from jnova.passes import align_contractions as align
-from jnova.passes.canonicalize import canonicalize
-from jnova.passes.cse import cse
-from jnova.passes.dce import dce
-
-
-def _f32(*shape):
-    return np.random.default_rng().standard_normal(shape, np.float32)
+from nova_helpers import f32 as _f32, nova_func
 
 
 def _aligned_func(fn, *args):
-    func = to_nova(trace(fn, args, {}), fallback="error").func
-    canonicalize(func)
-    cse(func)
-    dce(func)
+    func = nova_func(fn, *args)
     count = align.align_contractions(func, min_flops=0)
     func.verify()
     return func, count

@@ -4,25 +4,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jnova.capture.to_nova import to_nova
-from jnova.capture.trace import trace
-from jnova.passes.canonicalize import canonicalize
-from jnova.passes.cse import cse
-from jnova.passes.dce import dce
 from jnova.passes.fuse import fuse
+from nova_helpers import f32 as _f32, nova_func
 
 
 def _fusion(fn, *args):
-    program = to_nova(trace(fn, args, {}), fallback="error")
-    func = program.func
-    canonicalize(func)
-    cse(func)
-    dce(func)
+    func = nova_func(fn, *args)
     return func, fuse(func)
-
-
-def _f32(*shape):
-    return np.random.default_rng().standard_normal(shape, np.float32)
 
 
 def test_linear_bias_gelu_is_one_kernel():

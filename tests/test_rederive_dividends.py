@@ -7,30 +7,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import jnova
-from jnova.capture.to_nova import to_nova
-from jnova.capture.trace import trace
 from jnova.passes import rederive_dividends as rd
-from jnova.passes.canonicalize import canonicalize
-from jnova.passes.cse import cse
-from jnova.passes.dce import dce
 from jnova.primitives.nova_to_jax import evaluate_ops
+from nova_helpers import f32 as _f32, nova_func as _func
 
 B, T, D = 8, 256, 32  # the scores: 8 x 256 x 256 f32, 2 MB (at least rd.MIN_BYTES)
-
-
-def _f32(*shape):
-    return np.random.default_rng().standard_normal(shape, np.float32)
-
-
-def _func(fn, *args):
-    func = to_nova(trace(fn, args, {}), fallback="error").func
-    canonicalize(func)
-    cse(func)
-    dce(func)
-    return func
 
 
 def _attention_loss(q, k, v):

@@ -9,36 +9,20 @@ import numpy as np
 import pytest
 
 import jnova
-from jnova.capture.to_nova import to_nova
-from jnova.capture.trace import trace
 from jnova.codegen.gpu.contraction import contraction_problem
 from jnova.passes import configure_tiles as ct
-from jnova.passes.canonicalize import canonicalize
-from jnova.passes.cse import cse
-from jnova.passes.dce import dce
 from jnova.passes.split_contractions import split_contractions
 from jnova.primitives.nova_to_jax import evaluate_ops
 from jnova.runtime.target import PRESETS
+from nova_helpers import f32 as _f32, nova_func as _func
 
 H200, RTX3060 = PRESETS["h200"], PRESETS["rtx3060"]
-
-
-def _f32(*shape):
-    return np.random.default_rng().standard_normal(shape, np.float32)
 
 
 def _weight_gradient(x, dy, w):
     """An SGD step on a weight: dW = x^T dy over batch and tokens (both operands MN-major)."""
     g = jnp.einsum("btm,btn->mn", x, dy)
     return w - 0.01 * g, jnp.sum(g * g)
-
-
-def _func(fn, *args):
-    func = to_nova(trace(fn, args, {}), fallback="error").func
-    canonicalize(func)
-    cse(func)
-    dce(func)
-    return func
 
 
 def _problem(m, n, k, dtype="float32", a="col", b="row"):

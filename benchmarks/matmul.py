@@ -3,11 +3,14 @@
     JAX_PLATFORMS=cuda python benchmarks/matmul.py                 # the nine shapes, f32 (TF32) and bf16
     JAX_PLATFORMS=cuda python benchmarks/matmul.py --variants      # + other tile configs on GPT-2 shapes
     JAX_PLATFORMS=cuda python benchmarks/matmul.py --dtypes bfloat16 --shapes 16384x3072x768
+    JAX_PLATFORMS=cuda python benchmarks/matmul.py --precision highest   # f32-accurate, tag "highest"
 
 C = A @ B with A [M, K], B [K, N] (row-major; `--b-layout col`: B given as [N, K], K-major, and XLA
 computes A @ B.T from it), f32 output. XLA runs `jnp.matmul` at matching
 precision: f32 under `jax.default_matmul_precision("tensorfloat32")`, bf16 with
-`preferred_element_type=float32`. jnova runs the kernel `build_matmul` generates from the Analytic
+`preferred_element_type=float32`; with `--precision highest` (f32 only, records tagged "highest") XLA
+runs `precision=HIGHEST` (`jax.default_matmul_precision("float32")`) and jnova its f32-accurate
+split-TF32 kernels (codegen/gpu/split_tf32.py). jnova runs the kernel `build_matmul` generates from the Analytic
 Configurator's TileConfig, launched through `nova_kernel_p` (jaxlib's PTX kernel call) under jit.
 Both are timed the same way: back-to-back calls (dispatch overlaps the GPU work), the median per-call
 time over repeated timed batches, after warm-up, on random inputs. Every jnova result is compared
@@ -34,7 +37,9 @@ import jax.numpy as jnp
 from jnova.codegen.gpu import matmul_wgmma
 from jnova.codegen.gpu.matmul import build_matmul, matmul_refusal, persistent_blocks
 from jnova.dialect.types import TensorType
-from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles
+from jnova.passes.configure.problem import ContractionProblem
+from jnova.passes.configure.tile_config import TileConfig
+from jnova.passes.configure.tile_schedule import choose_tiles
 from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering
 from jnova.primitives.nova_kernel import nova_kernel_p
 from jnova.runtime.target import get_target
@@ -67,13 +72,14 @@ VARIANTS = {  # other schedules than the configurator's, to see where its choice
                  "block=192x128x64 warps=4x1 stages=5 mma=wgmma_bf16_m64nNk16 swizzle=128 pingpong"],
 }
 TOLERANCE = {"float32": 2e-3, "bfloat16": 1e-3}  # vs XLA: both TF32 / both f32-accumulated bf16
+HIGHEST_TOLERANCE = 1e-5  # vs XLA's precision=HIGHEST: both f32-accurate
 
 
 def timed(fn, args, reps: int = 7, batch_seconds: float = 0.03) -> float:
     """Median seconds per call over `reps` batches of back-to-back calls."""
-    fn(*args).block_until_ready()
+    jax.block_until_ready(fn(*args))
     start = time.perf_counter()
-    fn(*args).block_until_ready()
+    jax.block_until_ready(fn(*args))
     once = time.perf_counter() - start
     calls = max(1, min(100, int(batch_seconds / max(once, 1e-6))))
     times = []
@@ -81,7 +87,7 @@ def timed(fn, args, reps: int = 7, batch_seconds: float = 0.03) -> float:
         start = time.perf_counter()
         for _ in range(calls):
             out = fn(*args)
-        out.block_until_ready()
+        jax.block_until_ready(out)
         times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
@@ -91,8 +97,9 @@ def jnova_call(kernel, problem: ContractionProblem):
     return jax.jit(lambda a, b: nova_kernel_p.bind(a, b, kernel=handle)[0])
 
 
-def xla_call(dtype: str, b_layout: str = "row"):
-    """XLA's C = A @ B; with `b_layout` "col" the B it is given is [N, K]."""
+def xla_call(dtype: str, b_layout: str = "row", precision: str = "default"):
+    """XLA's C = A @ B; with `b_layout` "col" the B it is given is [N, K]; f32 in TF32, or with
+    `precision` "highest" f32-accurate (precision=HIGHEST)."""
     if b_layout == "col":
         call = jax.jit(lambda a, b: jnp.matmul(a, b.T, preferred_element_type=jnp.float32))
     else:
@@ -101,7 +108,7 @@ def xla_call(dtype: str, b_layout: str = "row"):
         return call
 
     def tf32(a, b):
-        with jax.default_matmul_precision("tensorfloat32"):
+        with jax.default_matmul_precision("float32" if precision == "highest" else "tensorfloat32"):
             return call(a, b)
     return tf32
 
@@ -185,20 +192,21 @@ def mainloop_only(target, shapes, dtypes, notes: list, variants: bool = False) -
                 notes.append(line)
 
 
-def accuracy(target, base: dict, m: int = 1024, n: int = 1024, k: int = 1024) -> list[dict]:
+def accuracy(target, base: dict, m: int = 1024, n: int = 1024, k: int = 1024,
+             precision: str = "default") -> list[dict]:
     """Relative error in norm against float64 NumPy of jnova's kernel and of XLA, per dtype, on one
-    shape: how each rounds its operands (TF32 rounding or truncation) shows here."""
+    shape: how each rounds its operands (TF32 rounding or truncation, or the split) shows here."""
     import numpy as np
 
     records = []
-    for dtype in ("float32", "bfloat16"):
-        problem = ContractionProblem(m, n, k, operand_dtype=dtype)
+    for dtype in ("float32",) if precision == "highest" else ("float32", "bfloat16"):
+        problem = ContractionProblem(m, n, k, operand_dtype=dtype, precision=precision)
         ka, kb = jax.random.split(jax.random.PRNGKey(11))
         a = jax.random.normal(ka, (m, k), jnp.dtype(dtype))
         b = jax.random.normal(kb, (k, n), jnp.dtype(dtype))
         want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
         kernel = build_matmul(problem, choose_tiles(problem, target), target)
-        for impl, fn in (("jnova", jnova_call(kernel, problem)), ("xla", xla_call(dtype))):
+        for impl, fn in (("jnova", jnova_call(kernel, problem)), ("xla", xla_call(dtype, precision=precision))):
             got = np.asarray(fn(a, b), np.float64)
             err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
             print(f"accuracy {dtype} {m}x{n}x{k} {impl}: relative error vs float64 {err:.2e}")
@@ -248,9 +256,17 @@ def main(argv=None) -> int:
                              "the other configs)")
     parser.add_argument("--b-layout", choices=("row", "col"), default="row",
                         help="B as [K, N] (row) or [N, K] (col: K-major, what TF32 wgmma reads)")
+    parser.add_argument("--precision", choices=("default", "highest"), default="default",
+                        help="highest: f32-accurate kernels against XLA's precision=HIGHEST (float32 only; "
+                             "records tagged 'highest')")
     parser.add_argument("--compiled", action="store_true",
                         help="only time jnova.compile(a @ b) (kernel plus operand transposes) against XLA")
     args = parser.parse_args(argv)
+    if args.precision == "highest":
+        if args.compiled or args.mainloop_only or args.variants:
+            parser.error("--precision highest times the configurator's kernels only (no --compiled, "
+                         "--mainloop-only or --variants)")
+        args.dtypes = "float32"
     register_gpu_lowering()
     try:
         target = get_target(None)
@@ -275,7 +291,8 @@ def main(argv=None) -> int:
     jobs = []  # (problem, config, chosen?, persistent: None = as build_matmul decides, False = never)
     for dtype in args.dtypes.split(","):
         for m, n, k in shapes:
-            problem = ContractionProblem(m, n, k, operand_dtype=dtype, b_layout=args.b_layout)
+            problem = ContractionProblem(m, n, k, operand_dtype=dtype, b_layout=args.b_layout,
+                                         precision=args.precision)
             configs = [(choose_tiles(problem, target), True)]
             if args.variants and (m, n, k) in GPT2:
                 variants = [TileConfig.parse(v) for v in VARIANTS[dtype]]
@@ -293,6 +310,9 @@ def main(argv=None) -> int:
             "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown")}
     if args.b_layout == "col":
         base["b_layout"] = "col"
+    if args.precision == "highest":
+        base["tag"] = "highest"
+    tolerance = {"float32": HIGHEST_TOLERANCE} if args.precision == "highest" else TOLERANCE
     xla_done = {}
     for (problem, config, chosen, _), kernel in zip(jobs, kernels):
         case, dtype = f"{problem.m}x{problem.n}x{problem.k}", problem.operand_dtype
@@ -301,7 +321,7 @@ def main(argv=None) -> int:
         a = jax.random.normal(ka, (problem.m, problem.k), jnp.dtype(dtype))
         b_shape = (problem.k, problem.n) if problem.b_layout == "row" else (problem.n, problem.k)
         b = jax.random.normal(kb, b_shape, jnp.dtype(dtype))
-        xla = xla_call(dtype, problem.b_layout)
+        xla = xla_call(dtype, problem.b_layout, problem.precision)
         if (case, dtype) not in xla_done:
             xla_done[(case, dtype)] = timed(xla, (a, b))
             records.append({**base, "case": case, "dtype": dtype, "impl": "xla", "metric": "tflops",
@@ -313,7 +333,7 @@ def main(argv=None) -> int:
             continue
         call = jnova_call(kernel, problem)
         err = relative_error(call(a, b), xla(a, b))
-        if not err < TOLERANCE[dtype]:
+        if not err < tolerance[dtype]:
             rows.append((case, dtype, impl, None, t_xla, err, f"{config}: WRONG (rel err {err:.2e} vs XLA)"))
             continue
         t = timed(call, (a, b))
@@ -332,7 +352,7 @@ def main(argv=None) -> int:
         ratio = f"{t_xla / t:6.2f}" if t else f"{'-':>6}"
         print(f"{case:>18} {dtype:>9} {impl:>13} {ours} {flops / t_xla / 1e12:9.1f} {ratio} "
               f"{err if err is None else format(err, '.1e'):>8}  {note}")
-    records += accuracy(target, base)
+    records += accuracy(target, base, precision=args.precision)
     append_records("matmul.jsonl", records)
     return 0
 

@@ -23,7 +23,9 @@ from matmul import append_records, jnova_call, no_store, relative_error, timed  
 
 from jnova.codegen.gpu import matmul as matmul_module  # noqa: E402
 from jnova.codegen.gpu.matmul import build_matmul  # noqa: E402
-from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles  # noqa: E402
+from jnova.passes.configure.problem import ContractionProblem  # noqa: E402
+from jnova.passes.configure.tile_config import TileConfig  # noqa: E402
+from jnova.passes.configure.tile_schedule import choose_tiles  # noqa: E402
 from jnova.primitives.gpu_lowering import register_gpu_lowering  # noqa: E402
 from jnova.runtime.target import get_target  # noqa: E402
 

@@ -35,7 +35,7 @@ def differential(out_dir: str) -> dict:
 
 def records(out_dir: str) -> list[dict]:
     rows = []
-    for name in ("kernels.jsonl", "gpt2_step.jsonl"):
+    for name in ("kernels.jsonl", "gpt2_step.jsonl", "gpt2_compare.jsonl"):
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
             rows += [json.loads(line) for line in open(path) if line.strip()]
@@ -57,11 +57,19 @@ def ratios(rows: list[dict]) -> dict:
     return out
 
 
+def parity(out_dir: str) -> dict:
+    """examples/gpt2/parity.py's verdict: the compilers' gap, the seeds' gap, passed."""
+    path = os.path.join(out_dir, "parity", "gpt2_parity.jsonl")
+    if not os.path.exists(path):
+        return {}
+    return {r["metric"]: r["value"] for r in map(json.loads, open(path)) if r.get("impl") == "both"}
+
+
 if __name__ == "__main__":
     out_dir, rc = sys.argv[1], int(sys.argv[2])
     rows = records(out_dir)
     summary = {"exit_code": rc, "tests": tests(out_dir), "differential": differential(out_dir),
-               "jnova_over_xla": ratios(rows), "records": len(rows)}
+               "jnova_over_xla": ratios(rows), "parity": parity(out_dir), "records": len(rows)}
     with open(os.path.join(out_dir, "gpu-summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: v for k, v in summary.items()}, indent=1))

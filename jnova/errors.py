@@ -1,4 +1,8 @@
-"""Errors jnova raises for failures inside the compiler (not for bad user input)."""
+"""The errors jnova raises, in one module every layer may import.
+
+`CompileError`, `DeletedArgumentError`, `ParseError`, `UnsupportedPrimitiveError` and `VerifyError` are
+part of the public API (`jnova.*`); bad options and arguments raise jax.jit's types (ValueError,
+TypeError) instead."""
 from __future__ import annotations
 
 
@@ -15,3 +19,24 @@ class CompileError(RuntimeError):
         if repro:
             text += f"\n  reproduce with: {repro}"
         super().__init__(text)
+
+
+class UnsupportedPrimitiveError(NotImplementedError):
+    """A primitive jnova cannot compile, under `fallback="error"`."""
+
+
+class VerifyError(ValueError):
+    """An op or function that breaks the rules of the nova dialect."""
+
+
+class ParseError(ValueError):
+    """Text that is not MLIR, or not a module of nova functions."""
+
+
+class LoweringError(NotImplementedError):
+    """A nova op (or a form of it) that a code generator does not handle."""
+
+
+class DeletedArgumentError(ValueError):
+    """A call passed an array whose buffer was deleted or donated to an earlier call (donate_argnums /
+    donate_argnames); jax.jit raises a ValueError for it too."""

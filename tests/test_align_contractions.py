@@ -8,9 +8,10 @@ import pytest
 import jnova
 from jnova.capture.to_nova import to_nova
 from jnova.capture.trace import trace
-from jnova.codegen.gpu.contraction import contraction_problem
+from jnova.passes.configure.problem import contraction_problem
 from jnova.passes import align_contractions as align
-from nova_helpers import f32 as _f32, nova_func
+from helpers.nova_funcs import nova_func
+from helpers.random_inputs import f32 as _f32
 
 
 def _aligned_func(fn, *args):

@@ -40,6 +40,7 @@ def _copy(tree):
     ({"bucket_bytes": 0}, "bucket_bytes must be a positive int"),
     ({"bucket_bytes": -1}, "bucket_bytes must be a positive int"),
     ({"bucket_bytes": 1.5}, "bucket_bytes must be a positive int"),
+    ({"bucket_bytes": True}, "bucket_bytes must be a positive int"),
     ({"kernels": "all"}, "kernels must be one of"),
     ({"xla_options": {"command_buffer": ""}}, "xla_options must map XLA option names"),
 ])
@@ -72,7 +73,7 @@ def test_compile_needs_a_callable():
 
 def test_non_array_argument_is_named(mlp_args):
     params, x, y = mlp_args
-    with pytest.raises(TypeError, match="argument of type str is not an array"):
+    with pytest.raises(TypeError, match="argument lr of sgd_step is of type str, not an array"):
         jnova.compile(mlp.sgd_step)(params, x, y, "fast")
 
 

@@ -9,11 +9,12 @@ import optax
 import pytest
 
 import jnova
-from gpu_emulation import check_kernel, gpu_plan
-from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
-from jnova.passes.form_kernels import BatchedKernel, batch_terminal_kernels, gpu_batchable
+from helpers.gpu_emulation import check_kernel, gpu_plan
+from jnova.codegen.gpu.compile import KERNEL_FAMILIES, build_gpu_module, compile_gpu_kernel
+from jnova.passes.form_kernels import batch_terminal_kernels
+from jnova.passes.plan import BatchedKernel
 from jnova.runtime.target import get_target
-from test_gpu_codegen import requires_ptxas
+from helpers.kernels import requires_ptxas
 
 TARGET = get_target("h200")
 # leaf sizes: one 16-byte group short, odd, a few blocks, a grid-stride loop, a scalar
@@ -56,16 +57,17 @@ def test_an_optimizers_leaf_updates_are_one_kernel():
 
 
 def test_only_kernels_whose_results_only_the_step_returns_are_batched():
-    def step(x, y, z):  # sin(x) is read by two kernels: not terminal; c * 3 and the sum: a row program
-        c = jnp.sin(x)
-        return z * 2, y + 1, c * 3, jnp.sum(c)
+    def step(x, y, z, m):  # sin(x) is read by two kernels and a matmul (so not recomputed in its readers):
+        c = jnp.sin(x)       # not terminal; c * 3 and the sum: a row program
+        return z * 2, y + 1, c * 3, jnp.sum(c), c @ m
 
-    _, plan = gpu_plan(step, jnp.ones((40,)), jnp.ones((9,)), jnp.ones((24,)))
+    _, plan = gpu_plan(step, jnp.ones((40,)), jnp.ones((9,)), jnp.ones((24,)), jnp.ones((40, 8)))
     (batch,) = batched(plan)
     names = lambda k: {op.name for op in k.ops}  # noqa: E731
     assert sorted(sorted(names(s) - {"nova.constant"}) for s in batch.segments) == [["nova.add"], ["nova.mul"]]
     rest = [k for k in plan.kernels if k is not batch]
-    assert sorted(sorted(names(k) - {"nova.constant"}) for k in rest) == [["nova.mul", "nova.reduce"], ["nova.sin"]]
+    assert sorted(sorted(names(k) - {"nova.constant"}) for k in rest) == \
+        [["nova.matmul"], ["nova.mul", "nova.reduce"], ["nova.sin"]]
 
 
 def test_batches_respect_the_parameter_budget():
@@ -73,12 +75,12 @@ def test_batches_respect_the_parameter_budget():
     (batch,) = batched(plan)
     unbatched = type(plan)(plan.func, [s for s in plan.steps if s is not batch] + batch.segments)
     params = len(batch.inputs) + len(batch.outputs)
-    split = batch_terminal_kernels(unbatched, gpu_batchable, max_params=params - 1)
+    split = batch_terminal_kernels(unbatched, KERNEL_FAMILIES.batchable, max_params=params - 1)
     batches = batched(split)
     assert len(batches) >= 1 and all(len(b.inputs) + len(b.outputs) < params for b in batches)
     kept = [k for k in split.kernels if any(k is s for s in batch.segments)]  # a batch of one stays a kernel
     assert sum(len(b.segments) for b in batches) + len(kept) == len(batch.segments)
-    assert batched(batch_terminal_kernels(unbatched, gpu_batchable, max_params=params))[0].segments == batch.segments
+    assert batched(batch_terminal_kernels(unbatched, KERNEL_FAMILIES.batchable, max_params=params))[0].segments == batch.segments
 
 
 def test_batches_keep_at_most_a_budget_of_memory_alive():
@@ -87,9 +89,9 @@ def test_batches_keep_at_most_a_budget_of_memory_alive():
     _, plan = gpu_plan(adam_step, *arguments())
     (batch,) = batched(plan)
     unbatched = type(plan)(plan.func, [s for s in plan.steps if s is not batch] + batch.segments)
-    split = batched(batch_terminal_kernels(unbatched, gpu_batchable, max_delayed_bytes=0))
+    split = batched(batch_terminal_kernels(unbatched, KERNEL_FAMILIES.batchable, max_delayed_bytes=0))
     assert all(not any(v.owner is not None and v not in b.segments[-1].inputs for v in b.inputs) for b in split)
-    assert len(batched(batch_terminal_kernels(unbatched, gpu_batchable, max_delayed_bytes=2**30))) == 1
+    assert len(batched(batch_terminal_kernels(unbatched, KERNEL_FAMILIES.batchable, max_delayed_bytes=2**30))) == 1
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -133,7 +135,7 @@ def test_segments_of_one_kind_share_their_code(seed):
 
 @requires_ptxas
 def test_batched_kernel_assembles_and_covers_every_segment():
-    from test_gpu_codegen import assert_assembles_without_spills
+    from helpers.kernels import assert_assembles_without_spills
 
     _, plan = gpu_plan(adam_step, *arguments())
     (batch,) = batched(plan)
@@ -149,6 +151,6 @@ def test_compiled_step_launches_fewer_kernels_and_lowers_for_cuda():
     hlo = lowered.as_text("hlo")
     assert "batched_elementwise" in lowered.as_text("launches")
     assert 0 < hlo.count("stablehlo.custom_call @") <= kernels  # one kernel call per launch
-    _, plan = gpu_plan(adam_step, *args)
+    _, plan = gpu_plan(adam_step, *args, target=get_target("h200"))
     (batch,) = batched(plan)
     assert kernels == len(plan.kernels) and len(batch.segments) == 6  # six update kernels, one launch

@@ -1,4 +1,4 @@
-"""The Analytic Configurator: the report's nine matmul shapes, the rules one by one, print/parse round trip."""
+"""The Analytic Configurator: the report's nine matmul shapes, each decision in turn, print/parse round trip."""
 
 import dataclasses
 import math
@@ -7,13 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jnova.passes.configure_tiles import (
-    ATTENTION_KV_SEEDS, MMA_KINDS, PINGPONG_TILE_EFFICIENCY, ContractionProblem, TileConfig, attention_tiles,
-    choose_tiles, explain, pingpong_refusal)
+from jnova.passes.configure.problem import ContractionProblem
+from jnova.passes.configure.tile_config import MMA_KINDS, TileConfig
+from jnova.passes.configure.tile_schedule import choose_tiles, explain
+from jnova.passes.configure.warp_specialized import PINGPONG_TILE_EFFICIENCY, pingpong_refusal
 from jnova.runtime.target import KiB, PRESETS
 
 H200, RTX3060, ADA = PRESETS["h200"], PRESETS["rtx3060"], PRESETS["rtx6000ada"]
-H200_MMA_SYNC = dataclasses.replace(H200, features=H200.features - {"wgmma"})  # the fill rule, not wgmma's model
+H200_MMA_SYNC = dataclasses.replace(H200, features=H200.features - {"wgmma"})  # the fill model, not wgmma's
+H200_WITHOUT_TENSOR_MAPS = dataclasses.replace(H200, tensor_maps=False)  # jaxlib's kernel call: no TMA descriptors
 # Table 2 of the Nova report: three squares and six GPT-2 contractions (M x N x K)
 REPORT_SHAPES = [(512, 512, 512), (1024, 1024, 1024), (5120, 5120, 5120),
                  (16384, 3072, 768), (16384, 768, 3072), (16384, 50304, 768),
@@ -43,15 +45,16 @@ def test_report_shapes_fit_smem_and_fill_the_sms(m, n, k, dtype):
 def test_wgmma_weighs_a_partial_wave_of_large_tiles(m, n, k):
     """wgmma: the chosen tiling is the fastest by waves x tile area / rung efficiency, so it never
     takes more waves of a smaller tile than the time model allows."""
-    from jnova.passes.configure_tiles import _decide, _family, _wgmma_time
+    from jnova.passes.configure.tile_schedule import decide
+    from jnova.passes.configure.tile_shape import tile_family, wgmma_time
 
     for dtype in DTYPES:
         for layouts in (("row", "row"), ("col", "row")):
             problem = ContractionProblem(m, n, k, operand_dtype=dtype, a_layout=layouts[0], b_layout=layouts[1])
-            d = _decide(problem, H200)
-            family = _family(problem, d.config.mma)
+            d = decide(problem, H200)
+            family = tile_family(problem, d.config.mma)
             assert d.config.is_wgmma
-            assert all(_wgmma_time(d.chosen, family) <= _wgmma_time(c, family) for c in d.tried)
+            assert all(wgmma_time(d.chosen, family) <= wgmma_time(c, family) for c in d.tried)
 
 
 def test_wgmma_tiles_measured_on_the_h200():
@@ -89,7 +92,7 @@ def test_wgmma_warps_come_in_warpgroups():
 
 def test_tile_family_grows_with_arithmetic_intensity():
     small = choose_tiles(ContractionProblem(512, 512, 512), H200)
-    large = choose_tiles(ContractionProblem(5120, 5120, 5120, operand_dtype="bfloat16"), H200, tensor_maps=False)
+    large = choose_tiles(ContractionProblem(5120, 5120, 5120, operand_dtype="bfloat16"), H200_WITHOUT_TENSOR_MAPS)
     assert (small.block_m, small.block_n) == (64, 64)
     assert (large.block_m, large.block_n) == (256, 128)
 
@@ -138,7 +141,7 @@ def test_small_problems_trade_tile_size_for_sm_fill():
 def test_a_partial_wave_of_large_bf16_tiles_beats_waves_of_small_ones():
     # 4096x768: 96 tiles of 256x128 (one wave, 73% busy) against 384 of 128x64 (three waves): the
     # large tiles ran 1.3-1.5x faster on the H200 (bf16 128x64 tiles at 0.49-0.58 of 256x128's rate)
-    cfg = choose_tiles(ContractionProblem(4096, 768, 3072, operand_dtype="bfloat16"), H200, tensor_maps=False)
+    cfg = choose_tiles(ContractionProblem(4096, 768, 3072, operand_dtype="bfloat16"), H200_WITHOUT_TENSOR_MAPS)
     assert cfg.block_m * cfg.block_n == 256 * 128
 
 
@@ -149,14 +152,14 @@ GPT2_BF16 = [(16384, 3072, 768, "row", "row"), (16384, 768, 3072, "row", "col"),
 
 @pytest.mark.parametrize("m, n, k, a_layout, b_layout", GPT2_BF16)
 def test_gpt2_bf16_contractions_take_the_warp_specialized_kernel(m, n, k, a_layout, b_layout):
-    """Rule 8: on the H200 the TMA-fed ping-pong kernel's 128x192 consumer tiles ran every GPT-2 bf16
-    shape 1.08-1.31x faster than rule 2's choice (benchmarks/matmul.py --variants, 2026-12-01); without
-    tensor maps (jaxlib's kernel call), rule 2 decides. In TF32 it takes only K-major operands."""
+    """The warp-specialized kernel: on the H200 the TMA-fed ping-pong kernel's 128x192 consumer tiles ran every GPT-2 bf16
+    shape 1.08-1.31x faster than the tile-shape decision's choice (benchmarks/matmul.py --variants, 2026-12-01); without
+    tensor maps (jaxlib's kernel call), the tile-shape decision stands. In TF32 it takes only K-major operands."""
     problem = ContractionProblem(m, n, k, operand_dtype="bfloat16", a_layout=a_layout, b_layout=b_layout)
     cfg = choose_tiles(problem, H200)
     assert cfg.pingpong and (cfg.warps_m, cfg.warps_n, cfg.block_k) == (4, 1, 64)
     assert (cfg.block_m, cfg.block_n) in PINGPONG_TILE_EFFICIENCY and cfg.smem_bytes <= H200.smem_per_block_optin
-    assert not choose_tiles(problem, H200, tensor_maps=False).pingpong
+    assert not choose_tiles(problem, H200_WITHOUT_TENSOR_MAPS).pingpong
     tf32 = choose_tiles(dataclasses.replace(problem, operand_dtype="float32"), H200)
     assert tf32.pingpong == ((a_layout, b_layout) == ("row", "col")), tf32
     assert "ping-pong 128x192" in explain(problem, H200)
@@ -165,15 +168,15 @@ def test_gpt2_bf16_contractions_take_the_warp_specialized_kernel(m, n, k, a_layo
 @pytest.mark.parametrize("m, n, k", [(16384, 3072, 768), (16384, 768, 3072), (16384, 50304, 768), (16384, 768, 50304),
                                      (4096, 768, 50304), (4096, 768, 3072)])
 def test_gpt2_tf32_contractions_with_k_major_operands_take_the_warp_specialized_kernel(m, n, k):
-    """Rule 8 in TF32: with both operands K-major (as rule 7 leaves them) 128x192 consumer tiles ran the
-    six GPT-2 shapes 1.06-1.34x faster than rule 2's 256x128 tiles on the H200 (session 12); a k-tile
-    is one 128-byte panel, 32 elements. MN-major TF32 operands stay with rule 2 (wgmma reads TF32
+    """The warp-specialized kernel in TF32: with both operands K-major (as the operand-transpose decision leaves them) 128x192 consumer tiles ran the
+    six GPT-2 shapes 1.06-1.34x faster than the tile-shape decision's 256x128 tiles on the H200 (2026-12-01); a k-tile
+    is one 128-byte panel, 32 elements. MN-major TF32 operands stay with the tile-shape decision (wgmma reads TF32
     K-major only, and the TMA copies land as they are)."""
     problem = ContractionProblem(m, n, k, a_layout="row", b_layout="col")
     cfg = choose_tiles(problem, H200)
     assert cfg.pingpong and (cfg.block_m, cfg.block_n, cfg.block_k) == (128, 192, 32), cfg
     assert cfg.mma == "wgmma_tf32_m64nNk8" and cfg.smem_bytes <= H200.smem_per_block_optin
-    assert not choose_tiles(problem, H200, tensor_maps=False).pingpong
+    assert not choose_tiles(problem, H200_WITHOUT_TENSOR_MAPS).pingpong
     for layouts in (("row", "row"), ("col", "col"), ("col", "row")):
         other = dataclasses.replace(problem, a_layout=layouts[0], b_layout=layouts[1])
         assert not choose_tiles(other, H200).pingpong
@@ -192,7 +195,7 @@ def test_the_warp_specialized_kernel_needs_tma_and_whole_16_byte_rows():
 
 
 def test_few_large_tiles_keep_the_two_warpgroup_kernel():
-    """1024x768 (K = 3072): 32 consumer tiles leave most SMs idle either way, and rule 2's 128x64
+    """1024x768 (K = 3072): 32 consumer tiles leave most SMs idle either way, and the tile-shape decision's 128x64
     tiles fill them (96 blocks)."""
     cfg = choose_tiles(ContractionProblem(1024, 768, 3072, operand_dtype="bfloat16"), H200)
     assert not cfg.pingpong and (cfg.block_m, cfg.block_n) == (128, 64)
@@ -327,25 +330,3 @@ def test_explain_gives_the_numbers_behind_the_decision():
     assert f"balance {H200.balance_point('bfloat16'):.1f} FLOP/B" in text
     assert "waves=3" in text and "traffic=" in text and "B/stage" in text
     assert text.splitlines()[-1] == f"-> {choose_tiles(problem, H200)}"
-
-
-@pytest.mark.parametrize("target", [H200, RTX3060, ADA], ids=lambda t: t.name)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_attention_tiles_fit_the_fused_loop_footprint(head_dim, dtype, target):
-    cfg = attention_tiles(head_dim, dtype, target)
-    elem = 4 if dtype == "float32" else 2
-    assert cfg.block_q == 64 and cfg.block_kv in ATTENTION_KV_SEEDS and cfg.warps == 4
-    assert cfg.smem_bytes == (64 + 2 * cfg.block_kv) * head_dim * elem <= target.smem_per_block_optin
-    assert cfg.mma.startswith("mma_sync")
-    assert cfg == attention_tiles(head_dim, dtype, target) and hash(cfg) == hash(attention_tiles(head_dim, dtype, target))
-
-
-def test_attention_key_tile_shrinks_with_head_dim_and_element_size():
-    assert attention_tiles(64, "bfloat16", H200).block_kv == 128
-    assert attention_tiles(128, "float32", H200).block_kv == 64
-    assert attention_tiles(128, "bfloat16", ADA).block_kv == 64
-    with pytest.raises(ValueError, match="does not fit"):
-        attention_tiles(256, "float32", RTX3060)
-    with pytest.raises(ValueError, match="head_dim a multiple of 16"):
-        attention_tiles(60, "float32", H200)

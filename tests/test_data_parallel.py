@@ -22,30 +22,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jnova
-
-
-def loss(w, x, y):
-    return jnp.mean((jnp.tanh(x @ w["a"] + w["b"]) - y) ** 2)
-
-
-def sgd_step(w, x, y):
-    """One data-parallel SGD step: gradients averaged over the mesh axis "d"."""
-    value, grads = jax.value_and_grad(loss)(w, x, y)
-    grads = jax.lax.pmean(grads, "d")
-    return jax.tree.map(lambda p, g: p - 0.1 * g, w, grads), jax.lax.pmean(value, "d")
-
-
-def problem(rng, devices: int):
-    w = {"a": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32),
-         "b": jnp.asarray(rng.standard_normal(8), jnp.float32)}
-    x = jnp.asarray(rng.standard_normal((8 * devices, 16)), jnp.float32)
-    y = jnp.asarray(rng.standard_normal((8 * devices, 8)), jnp.float32)
-    return w, x, y
-
-
-def assert_trees_close(got, want, rtol=1e-5):
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol * np.abs(np.asarray(b)).max())
+from helpers.data_parallel import assert_trees_close, mlp_problem, mlp_sgd_step, problem, sgd_step
 
 
 def test_jnova_step_inside_shard_map_keeps_the_varying_axes():
@@ -105,18 +82,20 @@ def test_jnova_compile_of_a_shard_map_runs_it_as_one_xla_op():
     assert step.stats()[0]["fallbacks"] == ["shard_map"]
 
 
-TWO_DEVICES = """
+SEVERAL_DEVICES = """
 import json, os
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 import jnova
-from test_data_parallel import mlp_problem, mlp_sgd_step, problem, sgd_step
+from helpers.data_parallel import assert_trees_close, mlp_problem, mlp_sgd_step, problem, sgd_step
+from helpers.data_parallel import mlp_problem, mlp_sgd_step, problem, sgd_step
 
-assert len(jax.devices()) == 2
+n = int(os.environ["JNOVA_TEST_DEVICES"])
+assert len(jax.devices()) == n
 mesh = Mesh(np.array(jax.devices()), ("d",))
 specs = dict(mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=(P(), P()))
-w, x, y = problem(np.random.default_rng(), 2)
-xs, ys = x.reshape(2, 8, 16), y.reshape(2, 8, 8)
+w, x, y = problem(np.random.default_rng(), n)
+xs, ys = x.reshape(n, 8, 16), y.reshape(n, 8, 8)
 pmapped = dict(axis_name="d", in_axes=(None, 0, 0), out_axes=(None, None))
 # (shard_map with check_vma sums a replicated parameter's gradient itself: its pmean then averages
 # equal values, and the step differs from pmap's; each is compared with jax.jit of its own program)
@@ -135,7 +114,7 @@ report = {name: max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) / float
           for name, (kind, got) in runs.items()}
 for bucket_bytes in (1, 2**20):  # data-parallel steps with their all-reduces bucketed both ways
     specs_nv = dict(specs, check_vma=False)
-    w2, x2, y2 = mlp_problem(np.random.default_rng(1), 2)
+    w2, x2, y2 = mlp_problem(np.random.default_rng(1), n)
     want2 = jax.jit(jax.shard_map(mlp_sgd_step, **specs_nv))(w2, x2, y2)
     step2 = jax.jit(jax.shard_map(jnova.compile(mlp_sgd_step, bucket_bytes=bucket_bytes), **specs_nv))
     report[f"buckets of {bucket_bytes} bytes"] = max(
@@ -143,20 +122,23 @@ for bucket_bytes in (1, 2**20):  # data-parallel steps with their all-reduces bu
         for a, b in zip(jax.tree.leaves(step2(w2, x2, y2)), jax.tree.leaves(want2), strict=True))
     report[f"all_reduces with {bucket_bytes}"] = step2.lower(w2, x2, y2).as_text().count("all_reduce")
 # a shard's step without the all-reduce is another result: the collectives did run
-shard0 = jax.jit(jax.shard_map(sgd_step, **specs))(w, x[:8].repeat(2, 0), y[:8].repeat(2, 0))
+shard0 = jax.jit(jax.shard_map(sgd_step, **specs))(w, x[:8].repeat(n, 0), y[:8].repeat(n, 0))
 report["all_reduce_mattered"] = float(np.max(np.abs(np.asarray(shard0[1]) - np.asarray(want["shard_map"][1]))))
 report["kernels_inside"] = inner.stats()[0]["kernels"]
 print(json.dumps(report))
 """
 
 
-def test_two_devices_all_reduce_as_jax_jit():
-    """Two host devices, real all-reduces: each way of putting a jnova step into a data-parallel
-    program matches jax.jit of the shard_map program."""
+@pytest.mark.parametrize("devices", [2, 4])
+def test_several_devices_all_reduce_as_jax_jit(devices):
+    """Two and four host devices, real all-reduces: each way of putting a jnova step into a
+    data-parallel program matches jax.jit of the shard_map program."""
     tests = Path(__file__).resolve().parent
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+           "JNOVA_TEST_DEVICES": str(devices),
            "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", TWO_DEVICES], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", SEVERAL_DEVICES], env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report.pop("kernels_inside") > 0
@@ -175,24 +157,6 @@ def test_plan_records_which_inputs_each_kernel_result_is_computed_from():
     (kernel,) = [s for s in plan["steps"] if "kernel" in s]
     deps = {out: sorted(kernel["in"][j] for j in d) for out, d in zip(kernel["out"], kernel["deps"])}
     assert [deps[r] for r in plan["returns"]] == [[1], [0], []]  # arguments w = 0, x = 1
-
-
-def mlp_sgd_step(w, x, y):
-    """Four parameters of different sizes; gradients averaged by an explicit pmean after the backward."""
-    def mlp_loss(w):
-        h = jnp.tanh(x @ w["a"] + w["b"])
-        return jnp.mean((h @ w["c"] + w["d"] - y) ** 2)
-
-    value, grads = jax.value_and_grad(mlp_loss)(w)
-    grads = jax.lax.pmean(grads, "d")
-    return jax.tree.map(lambda p, g: p - 0.1 * g, w, grads), jax.lax.pmean(value, "d")
-
-
-def mlp_problem(rng, devices: int):
-    w = {"a": rng.standard_normal((16, 32)), "b": rng.standard_normal(32), "c": rng.standard_normal((32, 8)),
-         "d": rng.standard_normal(8)}
-    x, y = rng.standard_normal((8 * devices, 16)), rng.standard_normal((8 * devices, 8))
-    return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), (w, x, y))
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 1200, 2**20])
@@ -227,3 +191,33 @@ def test_all_reduces_run_in_buckets_right_after_their_last_operand(bucket_bytes)
         assert all("bucket" in s for s in steps[last + 1:i])  # right after it (other buckets aside)
     first_bucket, last_reader = buckets[0][0], max(i for i, s in enumerate(steps) if "kernel" in s)
     assert first_bucket < last_reader  # the first all-reduce runs before the backward's end
+
+
+def test_bucket_plan_prints_each_bucket_with_its_bytes_values_and_start():
+    """as_text("buckets"): one line per bucket of the plan, with its bytes, its values and the plan
+    step it starts after; a step without all-reduces says so."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
+    specs = dict(mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=(P(), P()), check_vma=False)
+    w, x, y = mlp_problem(np.random.default_rng(), 1)
+    for bucket_bytes, rows in ((1, 5), (2**20, None)):
+        inner = jnova.compile(mlp_sgd_step, bucket_bytes=bucket_bytes)
+        seen = []
+
+        def traced(w, x, y):
+            seen.append(inner.lower(w, x, y))
+            return inner(w, x, y)
+
+        jax.jit(jax.shard_map(traced, **specs))(w, x, y)
+        lowered = seen[0]
+        assert "buckets" in lowered.stages
+        table = lowered.as_text("buckets").splitlines()
+        buckets = [s for s in lowered.executable.meta["plan"]["steps"] if "bucket" in s]
+        body = table[1:-1]
+        assert len(body) == len(buckets) == (rows or len(buckets))
+        want_bytes = 4 * (16 * 32 + 32 + 32 * 8 + 8 + 1)  # the four gradients and the loss, f32
+        assert sum(int(line.split(" | ")[1]) for line in body) == want_bytes
+        assert table[-1] == f"{len(buckets)} buckets, {want_bytes} bytes"
+        assert all("psum at " in line and "mlp_sgd_step" in line and "kernel_" in line.split(" | ")[-1]
+                   for line in body), table
+    no_buckets = jnova.compile(lambda a: a * 2.0).lower(jnp.ones(3)).as_text("buckets")
+    assert no_buckets.startswith("no all-reduce buckets")

@@ -15,12 +15,14 @@ from mlir import ir
 
 from jnova.capture.to_nova import to_nova
 from jnova.capture.trace import trace
-from jnova.dialect.ir import F64, I64, Func, Str, VerifyError, format_float, print_module
+from jnova.dialect.ir import F64, I64, Func, Str, format_float, print_module
 from jnova.dialect.irdl import load_nova, nova_irdl, verify_with_mlir
 from jnova.dialect.json_form import func_from_json, func_to_json
 from jnova.dialect.ops import OPS, ElementwiseOp
-from jnova.dialect.parse import ParseError, parse_module
+from jnova.dialect.parse import parse_module
+from jnova.errors import ParseError, VerifyError
 from jnova.dialect.types import FLOAT_DTYPES, TensorType, numpy_dtype
+from models import mlp
 
 F32 = TensorType((4, 6), "float32")
 I32 = TensorType((4, 6), "int32")
@@ -117,7 +119,8 @@ def every_op_func() -> Func:
     b("nova.reduce", [cube], TensorType((3,), "float32"), kind="sum", dims=(0, 2))
     b("nova.argreduce", [x], TensorType((4,), "int32"), kind="max", axis=1)
     b("nova.matmul", [cube, b("nova.transpose", [cube], TensorType((2, 4, 3), "float32"), perm=(0, 2, 1))],
-      TensorType((2, 3, 3), "float32"), lhs_batch=(0,), rhs_batch=(0,), lhs_contract=(2,), rhs_contract=(1,))
+      TensorType((2, 3, 3), "float32"), lhs_batch=(0,), rhs_batch=(0,), lhs_contract=(2,), rhs_contract=(1,),
+      precision="highest")
     gathered = b("nova.gather", [table, idx], TensorType((4, 3), "float32"), offset_dims=(1,),
                  collapsed_slice_dims=(0,), start_index_map=(0,), operand_batching_dims=(),
                  start_indices_batching_dims=(), slice_sizes=(1, 3), mode="fill", fill=math.nan)
@@ -127,6 +130,36 @@ def every_op_func() -> Func:
     scattered = b("nova.scatter", [table, idx, gathered], TensorType((5, 3), "float32"), kind="add",
                   update_window_dims=(1,), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,),
                   operand_batching_dims=(), scatter_indices_batching_dims=(), mode="promise_in_bounds")
+    # attention: plain causal, with a mask (bhtd), with a bias, and the backward
+    qkv_type, lse_type = TensorType((1, 4, 1, 6), "float32"), TensorType((1, 1, 4), "float32")
+    qkv = b("nova.reshape", [x], qkv_type)
+    o, lse = b("nova.attention", [qkv, qkv, qkv], [qkv_type, lse_type], causal=True, scale=0.5, layout="bthd",
+               optional_operand="none")
+    keep = b.const(np.array([True, False, True, True]).reshape(1, 4, 1, 1), "bool")  # bhtd: 4 heads, T = 1
+    b("nova.attention", [qkv, qkv, qkv, keep], [qkv_type, TensorType((1, 4, 1), "float32")], causal=False,
+      scale=-0.25, layout="bhtd", optional_operand="mask")
+    bias = b.const(np.linspace(-1, 1, 16).reshape(1, 1, 4, 4), "float32")
+    b("nova.attention_backward", [qkv, qkv, qkv, o, lse, o, bias], [qkv_type] * 3, causal=False, scale=0.125,
+      layout="bthd", optional_operand="bias")
+    dq, delta = b("nova.attention_dq", [qkv, qkv, qkv, o, lse, o], [qkv_type, lse_type], causal=True, scale=0.5,
+                  layout="bthd", optional_operand="none")
+    b("nova.attention_dkdv", [qkv, qkv, qkv, lse, delta, dq], [qkv_type] * 2, causal=True, scale=0.5,
+      layout="bthd", optional_operand="none")
+    # training ops (dialect/ops_training.py): cross-entropy, norms with and without parameters, GELU
+    rows, cols = TensorType((4,), "float32"), TensorType((6,), "float32")
+    labels = b.const(np.array([0, 5, 2, 3], np.int32), "int32")
+    loss, lse2 = b("nova.sce", [x, labels], [TensorType((), "float32"), rows], reduction="mean", has_ignore=True,
+                   ignore_index=2)
+    b("nova.sce_backward", [x, labels, lse2, loss], [F32], reduction="mean", has_ignore=True, ignore_index=2)
+    w = b("nova.reshape", [b("nova.slice", [x], TensorType((1, 6), "float32"), start=(0, 0), limit=(1, 6),
+                             strides=(1, 1))], cols)
+    y, mean, rstd = b("nova.layernorm", [x, w, w], [F32, rows, rows], epsilon=1e-5, has_scale=True, has_bias=True)
+    b("nova.layernorm_backward", [x, mean, rstd, y, w], [F32, cols, cols], epsilon=1e-5, has_scale=True,
+      has_bias=True)
+    y2, rstd2 = b("nova.rmsnorm", [x], [TensorType((4, 6), "bfloat16"), rows], epsilon=1e-6, has_scale=False)
+    b("nova.rmsnorm_backward", [x, rstd2, x], [F32], epsilon=1e-6, has_scale=False)
+    g = b("nova.gelu", [x], F32, approximate="tanh")
+    b("nova.gelu_backward", [x, g], F32, approximate="erf")
     # fallbacks: one result, several results (one type: see the IRDL limitation test), none
     b("nova.fallback", [x], [F32], primitive="custom \"call\"\n\u00e9", site=0)
     multi = b("nova.fallback", [x, consts[0]], [F32, F32], primitive="sort", site=1)
@@ -227,16 +260,8 @@ def test_float_literals_parse_in_mlir():
 
 # --------------------------------------------------------------------------- captured steps
 def _mlp_step():
-    def loss(params, x, y):
-        h = jnp.tanh(x @ params["w1"] + params["b1"])
-        return jnp.mean((h @ params["w2"] + params["b2"] - y) ** 2)
-
-    def step(params, x, y):
-        value, grads = jax.value_and_grad(loss)(params, x, y)
-        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
-
-    params = {"w1": jnp.ones((8, 16)), "b1": jnp.ones((16,)), "w2": jnp.ones((16, 4)), "b2": jnp.ones((4,))}
-    return step, (params, jnp.ones((32, 8)), jnp.ones((32, 4)))
+    params = mlp.init(jax.random.key(0), d_in=8, d_hidden=16, d_out=4)
+    return mlp.tanh_sgd_step, (params, *mlp.batch(jax.random.key(1), n=32, d_in=8, d_out=4))
 
 
 def _adamw_step():
@@ -276,7 +301,8 @@ def test_irdl_gives_every_operand_result_and_attribute_its_own_constraint():
     text = nova_irdl()
     block = text[text.index("irdl.operation @matmul {"):]
     block = block[: block.index("  }")]
-    assert block.count("irdl.base") == 2 + 1 + 4
+    assert block.count("irdl.base") == 2 + 1 + 5
+    assert '"precision" = %' in block and '"#builtin.string"' in block
     assert 'irdl.operands(lhs: %0, rhs: %1)' in block
     assert '"lhs_batch" = %' in block and '"#builtin.dense_array"' in block
     fallback = text[text.index("irdl.operation @fallback {"):]
@@ -329,8 +355,13 @@ def _python_error(f) -> str:
     (lambda: _one_op("nova.select", [BOOL, F32, I32], F32, {}),
      ["'nova.select' op", "operand 'cases' #1", "tensor<4x6xi32>", "expected the result type"]),
     (lambda: _one_op("nova.matmul", [F32, F32], TensorType((4, 4), "float32"),
-                     {"lhs_batch": (), "rhs_batch": (), "lhs_contract": (1,), "rhs_contract": (0,)}),
+                     {"lhs_batch": (), "rhs_batch": (), "lhs_contract": (1,), "rhs_contract": (0,),
+                      "precision": "default"}),
      ["'nova.matmul' op", "dimension 1 of operand 'lhs' has size 6", "expected 4 like dimension 0 of operand 'rhs'"]),
+    (lambda: _one_op("nova.matmul", [F32, TensorType((6, 4), "float32")], TensorType((4, 4), "float32"),
+                     {"lhs_batch": (), "rhs_batch": (), "lhs_contract": (1,), "rhs_contract": (0,),
+                      "precision": "float32"}),
+     ["'nova.matmul' op", "attribute 'precision' = 'float32'", "expected one of ('default', 'highest', 'bfloat16')"]),
     (lambda: _one_op("nova.dynamic_slice", [F32, TensorType((), "int32"), TensorType((), "int64")],
                      TensorType((1, 1), "float32"), {"sizes": (1, 1)}),
      ["'nova.dynamic_slice' op", "operand 'starts' #1", "tensor<i64>", "expected tensor<i32>"]),

@@ -8,7 +8,8 @@ import pytest
 from jax import lax
 
 from jnova.passes.form_kernels import kernels_from_fusion
-from test_fuse import _f32, _fusion, _grouped_run
+from helpers.fusion import fusion_of as _fusion, grouped_run as _grouped_run
+from helpers.random_inputs import f32 as _f32
 
 
 def _ids(shape, high, seed=0):

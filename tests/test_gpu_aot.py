@@ -128,7 +128,9 @@ def test_a_step_restored_from_the_cache_needs_neither_mlir_nor_the_kernel_builde
         results.append(json.loads(run.stdout.strip().splitlines()[-1]))
     cold, warm = results
     assert cold["cache_hit"] is None and "jnova.codegen.gpu.compile" in cold["loaded"]
-    assert warm["cache_hit"] == "disk" and warm["xla_groups"] > 0 and warm["loaded"] == []
+    # the groups that run as XLA ops are restored as they were compiled (the tiny model's attention is
+    # raised and runs as jnova kernels, so it may have none left)
+    assert warm["cache_hit"] == "disk" and warm["xla_groups"] == cold["xla_groups"] and warm["loaded"] == []
 
 
 def test_gpu_kernel_handles_are_equal_by_value():

@@ -12,8 +12,9 @@ import pytest
 from jnova.codegen.gpu.column_reduction import column_reduction_refusal
 from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
 from jnova.runtime.target import get_target
-from gpu_emulation import assert_outputs_close, poisoned_like, simulate_with_shared_memory
-from test_gpu_codegen import assert_assembles_without_spills, kernel_of, rand, requires_ptxas
+from helpers.gpu_emulation import assert_outputs_close, poisoned_like, simulate_with_shared_memory
+from helpers.kernels import assert_assembles_without_spills, kernel_of, requires_ptxas
+from helpers.random_inputs import rand
 
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
 

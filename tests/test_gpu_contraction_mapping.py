@@ -7,7 +7,7 @@ import pytest
 
 from jnova.capture.to_nova import to_nova
 from jnova.capture.trace import trace
-from jnova.codegen.gpu.contraction import contraction_problem
+from jnova.passes.configure.problem import contraction_problem
 
 
 def _matmul(spec, a_shape, b_shape, dtype=np.float32):

@@ -16,8 +16,10 @@ from jnova.codegen.gpu.matmul import (
 )
 from jnova.codegen.gpu.matmul_epilogue import staging_bytes
 from jnova.codegen.gpu.ptx import assemble_check, ptxas_path
-from jnova.codegen.linalg.lowering import LoweringError
-from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles
+from jnova.errors import LoweringError
+from jnova.passes.configure.problem import ContractionProblem
+from jnova.passes.configure.tile_config import TileConfig
+from jnova.passes.configure.tile_schedule import choose_tiles
 from jnova.runtime.target import get_target
 
 H200 = get_target("h200")
@@ -62,7 +64,7 @@ def test_matmul_ptx_assembles_without_spills(dtype, m, n, k, batch, a_layout, b_
     assert _entry_params(kernel.ptx) == len(kernel.params) + len(kernel.tensor_maps)
     assert kernel.params[-1] == ("out", "c") and all(role == "in" for role, _ in kernel.params[:-1])
     assert kernel.block[0] % 32 == 0
-    if config.pingpong:  # rule 8: TMA copies complete mbarrier transactions; blocks walk the batch's tiles
+    if config.pingpong:  # the warp-specialized kernel: TMA copies complete mbarrier transactions; blocks walk the batch's tiles
         assert "cp.async.bulk.tensor" in kernel.ptx and len(kernel.tensor_maps) >= 2
     else:
         assert kernel.grid[2] == batch and "cp.async" in kernel.ptx and not kernel.tensor_maps
@@ -238,7 +240,7 @@ def test_warp_specialized_kernel_takes_tensor_maps_and_assembles_without_spills(
 
 @requires_ptxas
 @pytest.mark.parametrize("m, n, k, batch, epilogue, config", [
-    (16384, 768, 3072, 1, MatmulEpilogue(bias="float32", residual="float32"), None),  # as rule 8 chooses
+    (16384, 768, 3072, 1, MatmulEpilogue(bias="float32", residual="float32"), None),  # as choose_warp_specialized chooses
     (1000, 200, 72, 3, None, "block=192x128x32 warps=4x1 stages=4 mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong"),
 ])
 def test_warp_specialized_tf32_kernel_reads_k_major_panels_of_32_elements(m, n, k, batch, epilogue, config):

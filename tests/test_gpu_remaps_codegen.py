@@ -10,8 +10,9 @@ from jax import lax
 
 from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
 from jnova.runtime.target import get_target
-from gpu_emulation import aligned, assert_outputs_close, poisoned_like, simulate
-from test_gpu_codegen import assert_assembles_without_spills, kernel_of, rand, requires_ptxas
+from helpers.gpu_emulation import aligned, assert_outputs_close, poisoned_like, simulate
+from helpers.kernels import assert_assembles_without_spills, kernel_of, requires_ptxas
+from helpers.random_inputs import rand
 
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
 

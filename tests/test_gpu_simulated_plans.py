@@ -12,7 +12,7 @@ import difftest
 from difftest.findings import CUMMAX_BF16, CUMMAX_BF16_SEED
 from difftest.generate import programs
 from difftest.program import Program
-from gpu_emulation import check_plan_kernels
+from helpers.gpu_emulation import check_plan_kernels
 from jnova.codegen.gpu import remaps
 from jnova.runtime.target import get_target
 

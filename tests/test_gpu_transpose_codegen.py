@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jax.numpy as jnp
-from gpu_emulation import check_kernel, gpu_plan
+from helpers.gpu_emulation import check_kernel, gpu_plan
 from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
 from jnova.codegen.gpu.ptx import assemble_check, ptxas_path
 from jnova.codegen.gpu.transpose import transpose_refusal, transpose_view
@@ -62,7 +62,7 @@ def test_tiled_transpose_assembles_for_sm90a_and_sm86():
 def test_the_barrier_matters_in_the_emulation():
     """Run as one pass of threads (the barrier ignored), a thread reads tile elements other threads
     have not loaded yet: the emulation that runs the phases in order is what makes it exact."""
-    from gpu_emulation import poisoned_like, simulate_in_phases, simulate_with_shared_memory
+    from helpers.gpu_emulation import poisoned_like, simulate_in_phases, simulate_with_shared_memory
 
     kernel = _kernel(lambda x: x.T, (128, 64), np.float32)
     module = build_gpu_module(kernel, H200)

@@ -103,6 +103,16 @@ def test_gpt2_adamw_step_matches_jit(gpt2_case):
     assert conditioned < 1e-3 * n_params, f"{conditioned} of {n_params} parameters have a gradient at noise level"
 
 
+def test_gpt2_step_holds_the_training_ops(gpt2_case):
+    """The MLP's GELU (tanh form), forward and backward, is raised in every block, and every LayerNorm's
+    forward (two per block and the final one) (passes/raise_training.py)."""
+    text = gpt2_case.step.lower(*gpt2_case.args).as_text("nova")
+    n_layer = gpt2_case.config.n_layer
+    assert text.count('"nova.gelu"(') == n_layer and text.count('"nova.gelu_backward"(') == n_layer
+    assert text.count('"nova.layernorm"(') == 2 * n_layer + 1
+    assert 'approximate = "tanh"' in text and '"nova.tanh"' not in text
+
+
 @pytest.mark.slow
 def test_gpt2_step_is_one_function_with_forward_backward_and_update(gpt2_case):
     case = gpt2_case
@@ -113,7 +123,9 @@ def test_gpt2_step_is_one_function_with_forward_backward_and_update(gpt2_case):
     forward = jax.make_jaxpr(lambda p: gpt2.model.loss_fn(case.model, p, case.tokens, case.targets))(case.params)
     n_forward = str(forward).count("dot_general[")
     assert n_forward == 6 * case.config.n_layer + 1          # qkv, QK^T, PV, proj, fc, proj per block; LM head
-    assert text.count('"nova.matmul"') >= 3 * n_forward
+    # the attention (QK^T, PV and their four backward matmuls) is raised: one forward and one backward op per block
+    assert text.count('"nova.attention"') == text.count('"nova.attention_backward"') == case.config.n_layer
+    assert text.count('"nova.matmul"') >= 3 * (n_forward - 2 * case.config.n_layer)
     # AdamW: sqrt(nu_hat) once per parameter leaf, in the same function
     n_leaves = len(jax.tree.leaves(case.params))
     assert text.count('"nova.sqrt"') >= n_leaves

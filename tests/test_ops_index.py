@@ -170,6 +170,22 @@ def test_dynamic_update_slice(rng, shape, update, dtype, index_dtype):
     _check(f, *inputs)
 
 
+def test_dynamic_slices_run_by_jax_clamp_their_starts(rng):
+    """The nova ops run by jax.lax (GPU groups without a builder, and the tests' oracle) clamp their
+    starts as the primitives do: jnp's wrapping of a negative start happened where the step was traced
+    (a start of -9 in a dimension of 6 reaches the op as -3, which clamps to 0, not wraps to 3)."""
+    from helpers.nova_funcs import nova_func
+    from jnova.primitives.nova_to_jax import evaluate_ops
+
+    f = lambda x, u, i, j: (lax.dynamic_slice(x, (i, j), (2, 3)), lax.dynamic_update_slice(x, u, (i, j)))
+    x, u = _data(rng, (6, 5)), _data(rng, (2, 2))
+    for i, j in ((-9, -7), (-8, 1), (2, -6), (-3, 3)):
+        i, j = np.int32(i), np.int32(j)
+        func = nova_func(f, x, u, i, j)
+        got = jax.jit(evaluate_ops(func.ops, func.args, func.returns))(x, u, i, j)
+        _same(tuple(got), jax.jit(f)(x, u, i, j))
+
+
 # --------------------------------------------------------------------------- gather
 @pytest.mark.parametrize("table,ids,dtype", [
     ((11, 4), (3, 5), "float32"), ((11, 4), (3, 5), "bfloat16"), ((1, 7), (6,), "int32"),

@@ -11,7 +11,8 @@ import numpy as np
 import jnova
 from jnova.passes import rederive_dividends as rd
 from jnova.primitives.nova_to_jax import evaluate_ops
-from nova_helpers import f32 as _f32, nova_func as _func
+from helpers.nova_funcs import nova_func as _func
+from helpers.random_inputs import f32 as _f32
 
 B, T, D = 8, 256, 32  # the scores: 8 x 256 x 256 f32, 2 MB (at least rd.MIN_BYTES)
 
@@ -62,7 +63,16 @@ def test_a_compiled_step_matches_jit_on_the_cpu():
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5 * np.abs(np.asarray(w)).max())
 
 
+def _unraised(monkeypatch):
+    """The softmax stays as written: raise_attention would turn these steps into nova.attention (no
+    scores at all); rederive_dividends is for the softmaxes it does not take (a refused attention)."""
+    from jnova import pipeline
+
+    monkeypatch.setattr(pipeline, "raise_attention", lambda func, sites: 0)
+
+
 def _scores_written(monkeypatch, min_bytes: int) -> int:
+    _unraised(monkeypatch)
     monkeypatch.setattr(rd, "MIN_BYTES", min_bytes)
     lowered = jnova.compile(_attention_step, target="h200").lower(*_args())
     steps = lowered.executable.meta["plan"]["steps"]
@@ -117,3 +127,47 @@ def test_what_is_left_alone():
         return e, jnp.sum(jnp.einsum("bij,bjk->bik", e / s, w)) + jnp.sum(jnp.sin(w) * e)
 
     assert _count(returned, x, x) == 0
+
+
+def _bf16_attention_loss(q, k, v):  # bf16 scores, the softmax in f32, its probabilities rounded to bf16
+    scores = (jnp.einsum("bqd,bkd->bqk", q, k) / math.sqrt(D)).astype(jnp.float32)
+    scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -1e9)
+    p = jax.nn.softmax(scores, axis=-1).astype(jnp.bfloat16)
+    return jnp.sum(jnp.einsum("bqk,bkd->bqd", p, v).astype(jnp.float32) ** 2)
+
+
+_bf16_attention_step = jax.value_and_grad(_bf16_attention_loss, argnums=(0, 1, 2))
+
+
+def _bf16_args():
+    return tuple(jnp.asarray(a, jnp.bfloat16) for a in _args())
+
+
+def test_a_bf16_softmax_keeps_only_its_bf16_probabilities():
+    """The f32 exp(x - max) of a softmax whose probabilities are rounded to bf16 for P @ V is not held
+    for the backward beside them: the gradient reads f32(bf16(q)) x s."""
+    args = _bf16_args()
+    func = _func(_bf16_attention_step, *args)
+    e = _exp(func)
+    assert rd.rederive_dividends(func) == 1
+    func.verify()
+    (div,) = [op for op in func.ops if op.name == "nova.div" and op.operands[0] is e]
+    position = {id(op): i for i, op in enumerate(func.ops)}
+    assert all(position[id(op)] <= position[id(div)] for op in func.ops if e in op.operands)
+    got = jnova.compile(_bf16_attention_step, backend="cpu")(*args)
+    want = jax.jit(_bf16_attention_step)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):  # bf16 gradients: ~1e-2 of their largest
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        np.testing.assert_allclose(g, w, rtol=3e-2, atol=3e-2 * np.abs(w).max())
+
+
+def test_the_bf16_gpu_plan_writes_no_f32_scores_for_the_backward(monkeypatch):
+    def f32_scores(min_bytes):
+        _unraised(monkeypatch)
+        monkeypatch.setattr(rd, "MIN_BYTES", min_bytes)
+        steps = jnova.compile(_bf16_attention_step, target="h200").lower(*_bf16_args()).executable.meta["plan"]["steps"]
+        return sum(tuple(t[0])[-2:] == (T, T) and t[1] == "float32" for s in steps for t in s.get("out_types", []))
+
+    # no f32 B*H*T*T value crosses memory (rederiving the dividend, or recomputing exp(x - max) from the
+    # scores and their row maxima in the backward's kernels, where fusion finds that cheaper)
+    assert f32_scores(rd.MIN_BYTES) == 0

@@ -72,8 +72,8 @@ def test_attention_on_bf16_with_its_dot_algorithm():
 
 
 def test_other_dot_algorithms_are_still_refused():
-    f = lambda a, b: lax.dot(a, b, precision=lax.DotAlgorithmPreset.TF32_TF32_F32)  # noqa: E731
-    with pytest.raises(NotImplementedError, match="precision=TF32_TF32_F32"):
+    f = lambda a, b: lax.dot(a, b, precision=lax.DotAlgorithmPreset.F16_F16_F16)  # noqa: E731
+    with pytest.raises(NotImplementedError, match="precision=F16_F16_F16"):
         jnova.compile(f, fallback="error")(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))
 
 

@@ -1,5 +1,5 @@
 """Split-K: a weight gradient whose tiles leave SMs idle becomes partial products over K and their sum
-(configure_tiles rule 6, passes/split_contractions.py); a lone reshape is a view, not a kernel."""
+(configure/split_k.py, passes/split_contractions.py); a lone reshape is a view, not a kernel."""
 import dataclasses
 import re
 
@@ -9,14 +9,18 @@ import numpy as np
 import pytest
 
 import jnova
-from jnova.codegen.gpu.contraction import contraction_problem
-from jnova.passes import configure_tiles as ct
+from jnova.passes.configure.problem import contraction_problem
+from jnova.passes.configure.operand_transposes import choose_transposes, explain_transposes
+from jnova.passes.configure.problem import ContractionProblem
+from jnova.passes.configure.split_k import SPLIT_K_MIN_GAIN, SPLIT_K_MIN_K, choose_split_k, explain_split_k, split_times
 from jnova.passes.split_contractions import split_contractions
 from jnova.primitives.nova_to_jax import evaluate_ops
 from jnova.runtime.target import PRESETS
-from nova_helpers import f32 as _f32, nova_func as _func
+from helpers.nova_funcs import nova_func as _func
+from helpers.random_inputs import f32 as _f32
 
 H200, RTX3060 = PRESETS["h200"], PRESETS["rtx3060"]
+H200_WITHOUT_TENSOR_MAPS = dataclasses.replace(H200, tensor_maps=False)  # jaxlib's kernel call: no TMA descriptors
 
 
 def _weight_gradient(x, dy, w):
@@ -26,32 +30,32 @@ def _weight_gradient(x, dy, w):
 
 
 def _problem(m, n, k, dtype="float32", a="col", b="row"):
-    return ct.ContractionProblem(m, n, k, operand_dtype=dtype, a_layout=a, b_layout=b)
+    return ContractionProblem(m, n, k, operand_dtype=dtype, a_layout=a, b_layout=b)
 
 
 def test_gpt2_weight_gradients_split_on_the_h200():
     """TF32 weight gradients of GPT-2 at 8 x 1024 tokens (A and B MN-major): 18-72 tiles of 256 x 128
-    for 132 SMs on rule 2's kernel, so they are split. Where rule 8's kernel can run (tensor maps),
-    each side is weighed as rule 7 would lay it out: both operands copied K-major, the ping-pong
+    for 132 SMs on the wgmma kernel, so they are split. Where the warp-specialized kernel can run (tensor maps),
+    each side is weighed as the operand-transpose decision would lay it out: both operands copied K-major, the ping-pong
     kernel takes all but 768 x 768 whole (2304 x 768: 212.5 us whole against 224.9 us in two)."""
     for m, n in ((768, 768), (2304, 768), (3072, 768), (768, 3072)):
         problem = _problem(m, n, 8192)
-        assert ct.choose_split_k(problem, H200, tensor_maps=False) > 1, ct.explain_split_k(problem, H200, False)
-        assert (ct.choose_split_k(problem, H200) > 1) == (m == n == 768), ct.explain_split_k(problem, H200)
+        assert choose_split_k(problem, H200_WITHOUT_TENSOR_MAPS) > 1, explain_split_k(problem, H200_WITHOUT_TENSOR_MAPS)
+        assert (choose_split_k(problem, H200) > 1) == (m == n == 768), explain_split_k(problem, H200)
         if m * n > 768 * 768:
-            assert ct.choose_transposes(problem, H200) == (True, True), ct.explain_transposes(problem, H200)
+            assert choose_transposes(problem, H200) == (True, True), explain_transposes(problem, H200)
     # the LM head's 50257 x 768 gradient fills the SMs nine times over
-    assert ct.choose_split_k(_problem(50260, 768, 8192), H200) == 1
+    assert choose_split_k(_problem(50260, 768, 8192), H200) == 1
 
 
 def test_a_long_tf32_k_is_weighed_after_the_transposes_rule_7_would_make():
     """The LM head's input gradient in TF32 (B, the embedding, as [K, N]): whole, B copied K-major
-    and the ping-pong kernel (2132 us estimated) against two splits on rule 2's kernel; without tensor
-    maps the split wins, as it did before rule 8's kernel took TF32."""
+    and the ping-pong kernel (2132 us estimated) against two splits on the wgmma kernel; without tensor
+    maps the split wins, as it did before the warp-specialized kernel took TF32."""
     problem = _problem(8192, 768, 50304, a="row", b="row")
-    assert ct.choose_split_k(problem, H200) == 1, ct.explain_split_k(problem, H200)
-    assert ct.choose_transposes(problem, H200) == (False, True)
-    assert ct.choose_split_k(problem, H200, tensor_maps=False) == 2, ct.explain_split_k(problem, H200, False)
+    assert choose_split_k(problem, H200) == 1, explain_split_k(problem, H200)
+    assert choose_transposes(problem, H200) == (False, True)
+    assert choose_split_k(problem, H200_WITHOUT_TENSOR_MAPS) == 2, explain_split_k(problem, H200_WITHOUT_TENSOR_MAPS)
 
 
 @pytest.mark.parametrize("problem, target", [
@@ -63,7 +67,7 @@ def test_a_long_tf32_k_is_weighed_after_the_transposes_rule_7_would_make():
     (_problem(8192, 8192, 8192), H200),                    # many waves already
 ])
 def test_split_k_is_left_alone(problem, target):
-    assert ct.choose_split_k(problem, target) == 1
+    assert choose_split_k(problem, target) == 1
 
 
 def test_split_k_needs_a_clear_estimated_gain():
@@ -71,13 +75,13 @@ def test_split_k_needs_a_clear_estimated_gain():
     fastest estimate; every split divides K into parts of at least SPLIT_K_MIN_K."""
     for m, n, k in ((768, 768, 8192), (3072, 768, 8192), (768, 3072, 16384), (1024, 512, 4096)):
         for dtype in ("float32", "bfloat16"):
-            times = dict(ct._split_times(_problem(m, n, k, dtype), H200))
-            chosen = ct.choose_split_k(_problem(m, n, k, dtype), H200)
-            assert all(k % s == 0 and k // s >= ct.SPLIT_K_MIN_K for s in times)
+            times = dict(split_times(_problem(m, n, k, dtype), H200))
+            chosen = choose_split_k(_problem(m, n, k, dtype), H200)
+            assert all(k % s == 0 and k // s >= SPLIT_K_MIN_K for s in times)
             if chosen > 1:
-                assert times[chosen] == min(times.values()) and times[chosen] <= ct.SPLIT_K_MIN_GAIN * times[1]
+                assert times[chosen] == min(times.values()) and times[chosen] <= SPLIT_K_MIN_GAIN * times[1]
             else:
-                assert min(times.values()) > ct.SPLIT_K_MIN_GAIN * times[1]
+                assert min(times.values()) > SPLIT_K_MIN_GAIN * times[1]
 
 
 def test_split_rewrite_keeps_the_result():
@@ -91,7 +95,7 @@ def test_split_rewrite_keeps_the_result():
     assert names.count("nova.reshape") == 2 and names.count("nova.matmul") == 1
     (matmul,) = [op for op in func.ops if op.name == "nova.matmul"]
     problem, _ = contraction_problem(matmul)
-    assert problem.batch == ct.choose_split_k(_problem(768, 768, 8192), H200) and problem.k * problem.batch == 8192
+    assert problem.batch == choose_split_k(_problem(768, 768, 8192), H200) and problem.k * problem.batch == 8192
     (total,) = [op for op in func.ops if op.name == "nova.reduce" and op.operands[0] is matmul.results[0]]
     assert total.attrs["kind"] == "sum" and tuple(total.attrs["dims"]) == (0,)
     got = jax.jit(evaluate_ops(func.ops, func.args, func.returns))(*args)
@@ -111,15 +115,15 @@ def test_small_contractions_and_k_major_b_are_not_split():
 def test_long_k_with_a_row_major_splits_in_place(monkeypatch):
     """A as [M, K] with a long K (the LM head's input gradient over the vocabulary): A is viewed as
     [M, S, K/S], the kernels' problem reads it in place (a_split_k), and the values are unchanged.
-    Where the warp-specialized kernel can run (tensor maps), it takes the long K whole (rule 8's
+    Where the warp-specialized kernel can run (tensor maps), it takes the long K whole (the warp-specialized kernel's
     time: 549.8 us against 693.7 us for four splits); jaxlib's kernel call splits it."""
     fn = lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32)  # noqa: E731
     args = (_f32(512, 50304).astype(jnp.bfloat16), _f32(50304, 768).astype(jnp.bfloat16))
     problem = _problem(4096, 768, 50304, "bfloat16", a="row")
-    assert ct.choose_split_k(problem, H200) == 1, ct.explain_split_k(problem, H200)
+    assert choose_split_k(problem, H200) == 1, explain_split_k(problem, H200)
     monkeypatch.setenv("JNOVA_LAUNCHER", "jaxlib")
-    splits = ct.choose_split_k(problem, H200, tensor_maps=False)
-    assert splits > 1 and (50304 // splits * 2) % 16 == 0, ct.explain_split_k(problem, H200, tensor_maps=False)
+    splits = choose_split_k(problem, H200_WITHOUT_TENSOR_MAPS)
+    assert splits > 1 and (50304 // splits * 2) % 16 == 0, explain_split_k(problem, H200_WITHOUT_TENSOR_MAPS)
     func = _func(fn, *args)
     assert split_contractions(func, H200) == 1
     func.verify()
@@ -134,31 +138,31 @@ def test_long_k_with_a_row_major_splits_in_place(monkeypatch):
 def test_row_major_splits_keep_16_byte_aligned_slices():
     """f32 A of the padded GPT-2 vocabulary (50260 columns): only splits whose slices start 16-byte
     aligned are weighed."""
-    times = dict(ct._split_times(_problem(8192, 768, 50260, a="row"), H200))
+    times = dict(split_times(_problem(8192, 768, 50260, a="row"), H200))
     assert times and all(50260 // s * 4 % 16 == 0 for s in times if s > 1)
 
 
 @pytest.mark.parametrize("launcher", ["jnova", "jaxlib"])
 def test_gpu_plan_of_a_split_weight_gradient(monkeypatch, launcher):
     """Ahead of time for the H200: the batched contraction kernel and the sum as a column reduction.
-    With tensor maps (jnova's launcher) rule 7 copies both operands of the partial products K-major,
+    With tensor maps (jnova's launcher) the operand-transpose decision copies both operands of the partial products K-major,
     the reshapes folded into those transposes, and the ping-pong kernel takes them; through jaxlib's
-    kernel call the operands' reshapes are views (no kernel, no XLA op) read by rule 2's kernel."""
+    kernel call the operands' reshapes are views (no kernel, no XLA op) read by the wgmma kernel."""
     monkeypatch.setenv("JNOVA_LAUNCHER", launcher)
     tensor_maps = launcher == "jnova"
     args = (_f32(8, 1024, 768), _f32(8, 1024, 768), _f32(768, 768))
     lowered = jnova.compile(_weight_gradient, target="h200").lower(*args)
     stats = lowered.stats()
     launches = lowered.as_text("launches").splitlines()
-    splits = ct.choose_split_k(_problem(768, 768, 8192), H200, tensor_maps)
+    splits = choose_split_k(_problem(768, 768, 8192), dataclasses.replace(H200, tensor_maps=tensor_maps))
     assert splits > 1 and stats["xla_groups"] == 0, stats
     kernel = "tma-pingpong" if tensor_maps else "wgmma"
     assert any(f"matmul[{kernel}] {splits}x768x768x{8192 // splits}" in line for line in launches), launches
     assert any(f"column_reduction(rows={splits}," in line for line in launches), launches
-    # each operand's reshape is a view, or folded into the transpose rule 7 makes of it
+    # each operand's reshape is a view, or folded into the transpose the operand-transpose decision makes of it
     part = dataclasses.replace(_problem(768, 768, 8192), batch=splits, k=8192 // splits)
-    chosen = ct.choose_transposes(part, H200, tensor_maps)
-    assert chosen == (True, True) or not tensor_maps, ct.explain_transposes(part, H200)
+    chosen = choose_transposes(part, dataclasses.replace(H200, tensor_maps=tensor_maps))
+    assert chosen == (True, True) or not tensor_maps, explain_transposes(part, H200)
     transposes = sum(int(m.group(1)) for m in (re.match(r"kernel_\d+ x(\d+) transpose\(", line) for line in launches)
                      if m)
     assert transposes == sum(chosen) and stats["views"] == 2 - sum(chosen), (stats, launches)
@@ -175,15 +179,15 @@ def test_a_lone_reshape_is_a_view_on_the_cpu_too():
 
 
 def test_tf32_operands_are_transposed_where_the_configurator_says():
-    """rule 7: a forward layer's weight (B as [K, N]) is transposed into a K-major copy for TF32 on
+    """The operand-transpose decision: a forward layer's weight (B as [K, N]) is transposed into a K-major copy for TF32 on
     wgmma; bf16 operands (wgmma reads them MN-major) and mma.sync targets keep their layouts."""
-    assert ct.choose_transposes(_problem(8192, 3072, 768, a="row", b="row"), H200) == (False, True)
-    assert ct.choose_transposes(_problem(8192, 768, 3072, a="row", b="col"), H200) == (False, False)
-    assert ct.choose_transposes(_problem(8192, 3072, 768, "bfloat16", a="row", b="row"), H200) == (False, False)
-    assert ct.choose_transposes(_problem(8192, 3072, 768, a="row", b="row"), RTX3060) == (False, False)
-    assert ct.choose_transposes(_problem(512, 512, 512, a="row", b="row"), H200) == (False, False)
+    assert choose_transposes(_problem(8192, 3072, 768, a="row", b="row"), H200) == (False, True)
+    assert choose_transposes(_problem(8192, 768, 3072, a="row", b="col"), H200) == (False, False)
+    assert choose_transposes(_problem(8192, 3072, 768, "bfloat16", a="row", b="row"), H200) == (False, False)
+    assert choose_transposes(_problem(8192, 3072, 768, a="row", b="row"), RTX3060) == (False, False)
+    assert choose_transposes(_problem(512, 512, 512, a="row", b="row"), H200) == (False, False)
     # a copy larger than TRANSPOSE_MAX_BYTES is not made (the LM head's 8192 x 50257 logits gradient)
-    assert ct.choose_transposes(_problem(50260, 768, 8192), H200)[0] is False
+    assert choose_transposes(_problem(50260, 768, 8192), H200)[0] is False
 
 
 def test_transpose_rewrite_keeps_the_result():
@@ -211,7 +215,7 @@ def test_split_and_transposed_plan_kernels_simulate_exactly():
     """The H200 plan of an SGD step on a split weight gradient and a transposed dense layer: every
     kernel the CPU can emulate (tiled transposes, the sums over the splits with their epilogues, the
     elementwise updates) matches jax.lax on random inputs with poisoned outputs."""
-    from gpu_emulation import check_plan_kernels, gpu_plan
+    from helpers.gpu_emulation import check_plan_kernels, gpu_plan
 
     def step(x, dy, w, v):
         g = jnp.einsum("btm,btn->mn", x, dy)

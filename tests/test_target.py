@@ -110,8 +110,9 @@ def test_from_device_without_a_gpu_says_so_and_suggests_a_preset():
 
 H200_ATTRIBUTES = {
     "COMPUTE_CAPABILITY_MAJOR": 9, "COMPUTE_CAPABILITY_MINOR": 0, "MULTIPROCESSOR_COUNT": 132,
-    "MAX_THREADS_PER_BLOCK": 1024, "MAX_SHARED_MEMORY_PER_BLOCK": 48 * KiB,
+    "MAX_THREADS_PER_BLOCK": 1024, "MAX_THREADS_PER_MULTIPROCESSOR": 2048, "MAX_SHARED_MEMORY_PER_BLOCK": 48 * KiB,
     "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 227 * KiB, "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": 228 * KiB,
+    "RESERVED_SHARED_MEMORY_PER_BLOCK": 1 * KiB,
     "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536, "MAX_REGISTERS_PER_BLOCK": 65536, "L2_CACHE_SIZE": 60 * MiB,
     "MEMORY_CLOCK_RATE": 3_201_000, "GLOBAL_MEMORY_BUS_WIDTH": 6144, "CLOCK_RATE": 1_980_000,
 }
@@ -135,7 +136,8 @@ def test_from_device_reads_the_driver_and_takes_peaks_from_the_matching_preset(m
     monkeypatch.setitem(sys.modules, "cuda.bindings", fake_driver(H200_ATTRIBUTES))
     t = Target.from_device()
     assert t.name == "NVIDIA Fake GPU" and t.arch == "sm_90a" and t.sm_count == 132
-    assert t.smem_per_block_optin == 227 * KiB and t.l2_bytes == 60 * MiB
+    assert t.smem_per_block_optin == 227 * KiB and t.l2_bytes == 60 * MiB and t.smem_reserved_per_block == 1 * KiB
+    assert t.max_threads_per_sm == PRESETS["h200"].max_threads_per_sm == 2048
     assert t.dram_bytes_per_s == pytest.approx(3.201e9 * 768 * 2)  # clock x bus bytes x 2 (DDR)
     assert t.tensor_flops == PRESETS["h200"].tensor_flops
     assert t.features == PRESETS["h200"].features

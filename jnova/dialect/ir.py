@@ -6,6 +6,7 @@ that upstream MLIR parses and verifies against the registered nova dialect (see 
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -16,10 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from jnova.dialect.types import FLOAT_DTYPES, TensorType, mlir_element, numpy_dtype
-
-
-class VerifyError(ValueError):
-    """An op or function that breaks the rules of the nova dialect."""
+from jnova.errors import VerifyError
 
 
 # --------------------------------------------------------------------------- attributes
@@ -314,12 +312,17 @@ class Func:
     declares it returns; `verify` checks the returned values against it.
     """
 
-    def __init__(self, name: str, arg_types, ops=None, returns=None, result_types=None):
+    def __init__(self, name: str, arg_types, ops=None, returns=None, result_types=None, arg_names=None,
+                 result_names=None):
         self.name = name
         self.args: list[Value] = [Value(t, None, i) for i, t in enumerate(arg_types)]
         self.ops: list[Op] = list(ops or [])
         self.returns: list[Value] = list(returns or [])
         self.result_types: list[TensorType] | None = None if result_types is None else list(result_types)
+        # what the user calls each argument and result (pytree paths: `params['h_0']['w']`), or None;
+        # printed as the `jnova.name` attribute of the argument or result, debug information only
+        self.arg_names: list[str | None] = list(arg_names or [])
+        self.result_names: list[str | None] = list(result_names or [])
 
     def add(self, op: Op) -> Op:
         self.ops.append(op)
@@ -390,27 +393,42 @@ class Func:
                 raise VerifyError(f"func @{self.name}: returned value #{i} has type {v.type}, expected {t} "
                                   "from the function signature")
 
-    def print(self) -> str:
-        return print_func(self)
+    def print(self, debug_info: bool = False) -> str:
+        """The MLIR text; with `debug_info`, also the argument and result names and each op's source
+        location (`loc(...)`), as MLIR prints them (not part of what the text hashes to elsewhere)."""
+        return print_func(self, debug_info)
 
     def __str__(self):
         return self.print()
 
 
-def print_func(func: Func) -> str:
+def print_func(func: Func, debug_info: bool = False) -> str:
     """MLIR text of `func` as `func.func`, nova ops in generic form, values numbered like MLIR.
 
-    `parse.parse_module` reads it back: `parse_module(print_func(f)).print() == print_func(f)`.
+    With `debug_info`, an argument or result with a name carries it as `{jnova.name = "..."}` and an op
+    with a source location ends in `loc("fn"("file.py":12:8))` (MLIR's name and file locations).
+    `parse.parse_module` reads it back: `parse_module(print_func(f, d)).print(d) == print_func(f, d)`.
     """
+    return print_func_texts(func, plain=not debug_info, debug=debug_info)[0 if not debug_info else 1]
+
+
+def print_func_texts(func: Func, plain: bool = True, debug: bool = True) -> tuple[str | None, str | None]:
+    """(text without, text with debug information) of `func`, printed in one walk (the op lines are
+    formatted once); a text not asked for is None."""
     names: dict[Value, str] = {}
     for i, a in enumerate(func.args):
         names[a] = f"%arg{i}"
     counter = itertools.count()
-    lines = []
-    args = ", ".join(f"%arg{i}: {a.type}" for i, a in enumerate(func.args))
-    rets = ", ".join(str(v.type) for v in func.returns)
-    rets = f"({rets})" if len(func.returns) != 1 else rets
-    lines.append(f"func.func @{print_symbol(func.name)}({args}) -> {rets} {{")
+    plain_lines, debug_lines = [], []
+
+    def signature(arg_names, result_names):
+        args = ", ".join(f"%arg{i}: {a.type}{_name_attr(arg_names, i)}" for i, a in enumerate(func.args))
+        rets = ", ".join(f"{v.type}{_name_attr(result_names, i)}" for i, v in enumerate(func.returns))
+        rets = f"({rets})" if len(func.returns) != 1 or any(result_names) else rets
+        return f"func.func @{print_symbol(func.name)}({args}) -> {rets} {{"
+
+    plain_lines.append(signature([], []))
+    debug_lines.append(signature(func.arg_names, func.result_names) if debug else "")
     for op in func.ops:
         n = next(counter) if op.results else None
         if len(op.results) == 1:
@@ -427,12 +445,34 @@ def print_func(func: Func) -> str:
         in_types = ", ".join(str(v.type) for v in op.operands)
         out_types = ", ".join(str(r.type) for r in op.results)
         out_types = out_types if len(op.results) == 1 else f"({out_types})"
-        lines.append(f'  {lhs}"{op.name}"({operands}){attrs} : ({in_types}) -> {out_types}')
+        line = f'  {lhs}"{op.name}"({operands}){attrs} : ({in_types}) -> {out_types}'
+        plain_lines.append(line)
+        if debug:
+            debug_lines.append(f"{line} {print_location(op.loc)}" if op.loc else line)
     ret_vals = ", ".join(names[v] for v in func.returns)
     ret_types = ", ".join(str(v.type) for v in func.returns)
-    lines.append(f"  func.return {ret_vals} : {ret_types}" if func.returns else "  func.return")
-    lines.append("}")
-    return "\n".join(lines)
+    tail = [f"  func.return {ret_vals} : {ret_types}" if func.returns else "  func.return", "}"]
+    return ("\n".join(plain_lines + tail) if plain else None,
+            "\n".join(debug_lines + tail) if debug else None)
+
+
+def _name_attr(names: list, i: int) -> str:
+    name = names[i] if i < len(names) else None
+    return f" {{{NAME_ATTR} = {print_string(name)}}}" if name else ""
+
+
+NAME_ATTR = "jnova.name"  # the argument or result attribute holding its name
+_LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+) \((?P<fn>.*)\)$")
+
+
+@functools.lru_cache(maxsize=4096)  # ops of one line share it; escaping a path byte by byte is slow
+def print_location(location: str) -> str:
+    """An op's source location (`file.py:12:8 (fn)`, as JAX summarizes it) as an MLIR location: a name
+    location (the function) around a file location; any other text as a name location of it."""
+    m = _LOCATION.match(location)
+    if m is None:
+        return f"loc({print_string(location)})"
+    return f'loc({print_string(m["fn"])}({print_string(m["file"])}:{m["line"]}:{m["col"]}))'
 
 
 def _print_attrs(op: Op) -> str:

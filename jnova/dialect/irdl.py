@@ -25,9 +25,9 @@ import re
 from mlir import ir
 from mlir.dialects import irdl as mlir_irdl
 
-from jnova.dialect.ir import VerifyError
 from jnova.dialect.ops import OPS
-from jnova.dialect.parse import ParseError, parse_module
+from jnova.dialect.parse import parse_module
+from jnova.errors import ParseError, VerifyError
 
 TENSOR_BASE = '"!builtin.tensor"'
 

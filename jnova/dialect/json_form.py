@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jnova.dialect.ir import Dense, F64, Func, I64Array, Op, VerifyError
+from jnova.dialect.ir import Dense, F64, Func, I64Array, Op
 from jnova.dialect.ops import OPS
 from jnova.dialect.types import TensorType, numpy_dtype
+from jnova.errors import VerifyError
 
 
 def func_to_json(func: Func) -> dict:

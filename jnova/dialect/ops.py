@@ -396,13 +396,21 @@ class ArgReduceOp(Op):
 
 
 # --------------------------------------------------------------------------- contraction
+# What a contraction's arithmetic must be, in JAX's terms (`precision=` of dot_general and
+# `jax.default_matmul_precision`): "default" lets f32 operands round to TF32 (as XLA does on NVIDIA
+# GPUs), "highest" asks for f32-accurate products, "bfloat16" rounds f32 operands to bf16. Products
+# always accumulate in f32; operands of other types are used as they are.
+MATMUL_PRECISIONS = ("default", "highest", "bfloat16")
+
+
 @register
 class MatmulOp(Op):
     """dot_general: result dims are batch, then lhs free dims, then rhs free dims (in order)."""
 
     name = "nova.matmul"
     operands_spec = ("lhs", "rhs")
-    attributes = {"lhs_batch": I64Array, "rhs_batch": I64Array, "lhs_contract": I64Array, "rhs_contract": I64Array}
+    attributes = {"lhs_batch": I64Array, "rhs_batch": I64Array, "lhs_contract": I64Array, "rhs_contract": I64Array,
+                  "precision": Str}
 
     def free_dims(self):
         a = self.attrs
@@ -414,6 +422,8 @@ class MatmulOp(Op):
     def verify_(self):
         a = self.attrs
         lhs, rhs, out = self.operands[0].type, self.operands[1].type, self.results[0].type
+        if a["precision"] not in MATMUL_PRECISIONS:
+            raise self.error(f"attribute 'precision' = {a['precision']!r}, expected one of {MATMUL_PRECISIONS}")
         for side, t in (("lhs", lhs), ("rhs", rhs)):
             batch, contract = a[f"{side}_batch"], a[f"{side}_contract"]
             _dims_check(self, f"{side}_batch", batch, t.rank)
@@ -508,3 +518,8 @@ class FallbackOp(Op):
     results_spec = ("*outputs",)
     attributes = {"primitive": Str, "site": I64}
     pure = False
+
+
+# --------------------------------------------------------------------------- attention (its own module)
+from jnova.dialect import ops_attention  # noqa: E402,F401  (registers nova.attention and its backward)
+from jnova.dialect import ops_training  # noqa: E402,F401  (registers nova.sce, nova.layernorm, ... and backwards)

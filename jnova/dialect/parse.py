@@ -6,7 +6,8 @@ ops, so parsing checks syntax and SSA structure only; the nova rules are checked
 values by the kind the op declares for them; a constant's dense elements become a NumPy array of
 the result dtype (bf16 included, read from MLIR's literal text where the bindings cannot convert).
 
-Round trip: `parse_module(f.print()).print() == f.print()`.
+Round trip: `parse_module(f.print()).print() == f.print()`, and the same with `print(debug_info=True)`:
+argument and result names and ops' source locations are read back.
 """
 from __future__ import annotations
 
@@ -15,13 +16,10 @@ import re
 import numpy as np
 from mlir import ir
 
-from jnova.dialect.ir import Bool, Dense, F64, Func, I64, I64Array, Op, Str, Value, VerifyError
+from jnova.dialect.ir import NAME_ATTR, Bool, Dense, F64, Func, I64, I64Array, Op, Str, Value
 from jnova.dialect.ops import OPS
 from jnova.dialect.types import FLOAT_DTYPES, TensorType, dtype_of_element, numpy_dtype
-
-
-class ParseError(ValueError):
-    """Text that is not MLIR, or not a module of nova functions."""
+from jnova.errors import ParseError, VerifyError
 
 
 def parse_module(text: str, *, verify: bool = True) -> Func:
@@ -60,7 +58,8 @@ def _read_func(func_op: ir.Operation) -> Func:
     blocks = list(func_op.regions[0].blocks)
     if len(blocks) != 1:
         raise ParseError(f"{where} has {len(blocks)} blocks, expected one (nova functions are a single block)")
-    func = Func(name, arg_types, result_types=result_types)
+    func = Func(name, arg_types, result_types=result_types, arg_names=_read_names(func_op, "arg_attrs"),
+                result_names=_read_names(func_op, "res_attrs"))
     values: dict[ir.Value, Value] = dict(zip(blocks[0].arguments, func.args))
     for op in blocks[0].operations:
         op = op.operation
@@ -68,9 +67,30 @@ def _read_func(func_op: ir.Operation) -> Func:
             func.returns = [values[v] for v in op.operands]
             continue
         nova_op = _read_op(op, values)
+        nova_op.loc = _read_location(op.location)
         func.add(nova_op)
         values.update(zip(op.results, nova_op.results))
     return func
+
+
+def _read_names(func_op: ir.Operation, key: str) -> list[str | None]:
+    """The `jnova.name` of each argument (`arg_attrs`) or result (`res_attrs`), None where it has none."""
+    if key not in func_op.attributes:
+        return []
+    names = []
+    for attrs in map(ir.DictAttr, ir.ArrayAttr(func_op.attributes[key])):
+        names.append(ir.StringAttr(attrs[NAME_ATTR]).value if NAME_ATTR in attrs else None)
+    return names if any(names) else []
+
+
+def _read_location(loc: ir.Location) -> str | None:
+    """An op's source location as `ir.print_location` wrote it (`file.py:12:8 (fn)`), or None."""
+    if not loc.is_a_name():
+        return None
+    child = loc.child_loc
+    if child.is_a_file():
+        return f"{child.filename}:{child.start_line}:{child.start_col} ({loc.name_str})"
+    return loc.name_str
 
 
 def _read_op(op: ir.Operation, values: dict) -> Op:

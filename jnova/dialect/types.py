@@ -16,25 +16,36 @@ _MLIR_ELEMENT = {
     "uint8": "ui8", "uint16": "ui16", "uint32": "ui32", "uint64": "ui64",
     "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
 }
-_DTYPE_OF_ELEMENT = {v: k for k, v in _MLIR_ELEMENT.items()}
+# element types a nova value may have that no nova op computes with: only fallback ops (XLA's) read
+# and write them, so a step with complex values (an FFT) or fp8 ones (fake quantization) still compiles
+_HELD_ELEMENT = {
+    "complex64": "complex<f32>", "complex128": "complex<f64>",
+    "float8_e3m4": "f8E3M4", "float8_e4m3": "f8E4M3", "float8_e4m3b11fnuz": "f8E4M3B11FNUZ",
+    "float8_e4m3fn": "f8E4M3FN", "float8_e4m3fnuz": "f8E4M3FNUZ", "float8_e5m2": "f8E5M2",
+    "float8_e5m2fnuz": "f8E5M2FNUZ", "float8_e8m0fnu": "f8E8M0FNU", "float4_e2m1fn": "f4E2M1FN",
+    "int2": "i2", "int4": "i4", "uint2": "ui2", "uint4": "ui4",
+}
+_DTYPE_OF_ELEMENT = {v: k for k, v in {**_MLIR_ELEMENT, **_HELD_ELEMENT}.items()}
 
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 SIGNED_DTYPES = frozenset({"int8", "int16", "int32", "int64"})
 UNSIGNED_DTYPES = frozenset({"uint8", "uint16", "uint32", "uint64"})
 INTEGER_DTYPES = SIGNED_DTYPES | UNSIGNED_DTYPES
-ALL_DTYPES = frozenset(_MLIR_ELEMENT)
+COMPUTED_DTYPES = frozenset(_MLIR_ELEMENT)
+HELD_DTYPES = frozenset(_HELD_ELEMENT)
+ALL_DTYPES = COMPUTED_DTYPES | HELD_DTYPES
 
 
 def dtype_name(dtype) -> str:
     """The canonical name of a NumPy/JAX dtype (`float32`, `bfloat16`, `bool`, ...)."""
     name = np.dtype(dtype).name
-    if name not in _MLIR_ELEMENT:
+    if name not in ALL_DTYPES:
         raise TypeError(f"jnova does not support the element type {name}")
     return name
 
 
 def mlir_element(dtype: str) -> str:
-    return _MLIR_ELEMENT[dtype]
+    return _MLIR_ELEMENT.get(dtype) or _HELD_ELEMENT[dtype]
 
 
 def dtype_of_element(element: str) -> str:
@@ -57,10 +68,10 @@ def numpy_dtype(dtype: str) -> np.dtype:
 
 
 def _numpy_dtype(dtype: str):
-    if dtype == "bfloat16":
+    if dtype == "bfloat16" or (dtype in HELD_DTYPES and not dtype.startswith("complex")):
         import ml_dtypes
 
-        return ml_dtypes.bfloat16
+        return getattr(ml_dtypes, dtype)
     return dtype
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from jnova.dialect.ir import Func, Op, Value
 from jnova.dialect.ops import ConstantOp, PadOp, SliceOp
 from jnova.dialect.types import TensorType, numpy_dtype
+from jnova.passes.configure.problem import contraction_problem
 
 log = logging.getLogger("jnova.passes")
 
@@ -33,8 +34,6 @@ MIN_FLOPS = 2**30
 
 def align_contractions(func: Func, min_flops: int | None = None) -> int:
     """Rewrite in place; returns how many contractions had an operand padded."""
-    from jnova.codegen.gpu.contraction import contraction_problem
-
     min_flops = MIN_FLOPS if min_flops is None else min_flops
     ops, count, padded = [], 0, {}
     for op in func.ops:

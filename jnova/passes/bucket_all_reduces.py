@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from jnova.dialect.ir import Value
 from jnova.dialect.ops import FallbackOp
-from jnova.passes.form_kernels import AllReduceBucket, Kernel, Plan
+from jnova.passes.plan import AllReduceBucket, Kernel, Plan
+from jnova.runtime.jax_internals import source_line
 
 ALL_REDUCES = ("psum", "psum_invariant")
 
@@ -90,6 +91,40 @@ class _Open:
     def close(self) -> tuple[int, AllReduceBucket]:
         m = self.members
         return self.placement, AllReduceBucket(m[0].site, [p.operand for p in m], [p.result for p in m])
+
+
+def describe_buckets(plan: Plan, sites: list) -> str:
+    """The bucket plan as a table (`as_text("buckets")`): for each bucket its bytes, dtype, the
+    all-reduced values (the user's all-reduce, by source line, operand and shape) and the plan step it
+    starts after, so a user can see which gradients travel together and how early."""
+    buckets = [(i, s) for i, s in enumerate(plan.steps) if isinstance(s, AllReduceBucket)]
+    if not buckets:
+        return "no all-reduce buckets: the step has no psum of jnova's to bucket\n"
+    lines = ["bucket | bytes | dtype | values | starts after"]
+    for n, (i, bucket) in enumerate(buckets):
+        after = next((_step_label(s) for s in reversed(plan.steps[:i]) if not isinstance(s, AllReduceBucket)),
+                     "the step's start")
+        values = ", ".join(f"{_type_label(v)}" for v in bucket.operands)
+        where = source_line(sites[bucket.site]) or f"site {bucket.site}"
+        nbytes = sum(v.type.nbytes for v in bucket.operands)
+        lines.append(f"{n} | {nbytes} | {bucket.operands[0].type.dtype} | {len(bucket.operands)} of "
+                     f"{sites[bucket.site].primitive.name} at {where}: {values} | {after}")
+    total = sum(v.type.nbytes for _, b in buckets for v in b.operands)
+    lines.append(f"{len(buckets)} buckets, {total} bytes")
+    return "\n".join(lines) + "\n"
+
+
+def _step_label(step) -> str:
+    if isinstance(step, Kernel):
+        kinds = sorted({op.name.removeprefix("nova.") for op in step.ops})
+        return f"{step.name} ({', '.join(kinds[:4])}{', ...' if len(kinds) > 4 else ''})"
+    if isinstance(step, FallbackOp):
+        return f"the XLA op {step.attrs['primitive']}"
+    return step.name
+
+
+def _type_label(v: Value) -> str:
+    return f"{v.type.dtype}[{','.join(map(str, v.type.shape))}]"
 
 
 def _is_all_reduce(step) -> bool:

@@ -10,6 +10,10 @@ replaces the op's result, a new Op that replaces the op, or None. Patterns:
   bf16 -> f32 -> bf16, int8 -> int32 -> int8), and two exact widenings are one (bf16 -> f32 -> f64).
   Never a rounding first step (f32 -> bf16 -> f32 rounds). As in XLA, a signalling NaN that the
   widening would have quieted stays signalling;
+- an empty result (a dimension of size 0) of a pure op: an empty constant; a reduction of an empty
+  operand: its identity (0, 1, -inf / the least integer, +inf / the greatest, True, False), and a
+  contraction over an empty dimension: zeros, as XLA folds them (up to MAX_FOLDED_ELEMENTS results).
+  No kernel then has an empty loop to schedule;
 - broadcast of a splat constant: a splat constant of the result type (up to MAX_FOLDED_ELEMENTS);
 - elementwise ops on constants, folded with NumPy only where NumPy is bit-exact with the compiled
   op: integer and bool arithmetic/bitwise ops and comparisons; f32/f64 add, sub, mul, div, neg, abs
@@ -30,6 +34,7 @@ import numpy as np
 from jnova.dialect.ir import Func, Op, Value
 from jnova.dialect.ops import ConstantOp, ConvertOp, ElementwiseOp, ReshapeOp, TransposeOp
 from jnova.dialect.types import FLOAT_DTYPES, INTEGER_DTYPES, SIGNED_DTYPES, UNSIGNED_DTYPES, bitwidth, numpy_dtype
+from jnova.passes import TRACE
 
 log = logging.getLogger("jnova.passes")
 
@@ -48,7 +53,7 @@ def canonicalize(func: Func) -> int:
             if rewritten is None:
                 break
             changes += 1
-            log.debug("canonicalize: %s rewrote %r into %r", rewritten[0], current, rewritten[1])
+            log.log(TRACE, "canonicalize: %s rewrote %r into %r", rewritten[0], current, rewritten[1])
             current = rewritten[1]
         if isinstance(current, Value):
             replace[op.results[0]] = current
@@ -157,6 +162,50 @@ def _float_fits(src: str, dst: str) -> bool:
     return d.nmant >= s.nmant and d.maxexp >= s.maxexp and d.minexp <= s.minexp
 
 
+# --------------------------------------------------------------------------- empty tensors
+def empty_result(op: Op) -> Op | None:
+    """A pure op with one result of size 0 computes nothing: an empty constant of its type."""
+    if isinstance(op, ConstantOp) or not op.pure or len(op.results) != 1 or op.results[0].type.size != 0:
+        return None
+    out = op.results[0].type
+    return ConstantOp([], [out], {"value": np.zeros(out.shape, numpy_dtype(out.dtype))}, loc=op.loc)
+
+
+def reduce_of_empty(op: Op) -> Op | None:
+    """A reduction of an empty operand is its identity everywhere."""
+    x, out = op.operands[0].type, op.results[0].type
+    if x.size != 0 or out.size > MAX_FOLDED_ELEMENTS:
+        return None
+    return _splat(op, out, _reduction_identity(op.attrs["kind"], numpy_dtype(out.dtype)))
+
+
+def contraction_over_empty(op: Op) -> Op | None:
+    """A contraction whose contracted dimensions hold no element is zeros."""
+    lhs, out = op.operands[0].type, op.results[0].type
+    if all(lhs.shape[d] for d in op.attrs["lhs_contract"]) or out.size > MAX_FOLDED_ELEMENTS:
+        return None
+    return _splat(op, out, 0)
+
+
+def _splat(op: Op, out, element) -> ConstantOp:
+    return ConstantOp([], [out], {"value": np.full(out.shape, element, numpy_dtype(out.dtype))}, loc=op.loc)
+
+
+def _reduction_identity(kind: str, dtype: np.dtype):
+    if kind in ("sum", "or", "xor"):
+        return 0
+    if kind == "prod":
+        return 1
+    if kind == "and":
+        return True if dtype == np.bool_ else -1
+    if dtype == np.bool_:
+        return kind == "min"
+    bounds = np.iinfo(dtype) if np.issubdtype(dtype, np.integer) else None
+    if kind == "max":
+        return bounds.min if bounds is not None else -np.inf
+    return bounds.max if bounds is not None else np.inf
+
+
 # --------------------------------------------------------------------------- constants
 def broadcast_of_splat_constant(op: Op) -> Op | None:
     const = _producer(op.operands[0], ConstantOp)
@@ -186,6 +235,7 @@ _BOOL_FOLDS = {k: _INT_FOLDS[k] for k in ("nova.and", "nova.or", "nova.xor", "no
 _FLOAT_FOLDS: dict[str, Callable] = {
     "nova.add": np.add, "nova.sub": np.subtract, "nova.mul": np.multiply, "nova.div": np.divide,
     "nova.neg": np.negative, "nova.abs": np.abs,
+    "nova.sqrt": np.sqrt,  # correctly rounded in IEEE 754, as NumPy's and the GPU's sqrt.rn (the scale of attention)
 }
 
 
@@ -235,6 +285,7 @@ PATTERNS: dict[str, tuple] = {
     "nova.convert": (identity_same_type, exact_convert_chain),
     "nova.broadcast": (identity_same_type, broadcast_of_splat_constant),
     "nova.transpose": (identity_transpose, transpose_of_transpose),
-    "nova.reduce": (reduce_of_size_1_dims,),
+    "nova.reduce": (reduce_of_empty, reduce_of_size_1_dims),
+    "nova.matmul": (contraction_over_empty,),
 }
-GENERIC_PATTERNS: tuple = (fold_constant_elementwise,)
+GENERIC_PATTERNS: tuple = (empty_result, fold_constant_elementwise)

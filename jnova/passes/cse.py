@@ -14,6 +14,7 @@ import numpy as np
 
 from jnova.dialect.ir import Bool, Dense, F64, Func, I64, I64Array, Op, Str, Value
 from jnova.dialect.types import numpy_dtype
+from jnova.passes import TRACE
 
 log = logging.getLogger("jnova.passes")
 
@@ -28,7 +29,7 @@ def cse(func: Func) -> int:
         key = op_key(op) if op.pure else None
         if key is not None:
             if key in seen:
-                log.debug("cse: %r is a repeat", op)
+                log.log(TRACE, "cse: %r is a repeat", op)
                 for r, prev in zip(op.results, seen[key]):
                     replace[r] = prev
                 continue

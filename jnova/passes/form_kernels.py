@@ -3,66 +3,57 @@
 Each maximal run of compiled nova ops between fallback ops becomes one kernel; a kernel's inputs
 are the values it reads from outside, its outputs the values read after it (or returned). The
 result, a `Plan`, is what codegen compiles and the executor runs, in order.
+
+The GPU plan is one kernel per fusion group, then two steps that need to know which kernels the
+backend can build: neighbours merged into one kernel, and an optimizer's terminal kernels batched.
+That knowledge reaches this pass through `KernelFamilies`, an object the pipeline hands in (the GPU
+backend's is `codegen/gpu/compile.KERNEL_FAMILIES`): passes never import code generation.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Protocol, Sequence
 
 from jnova.dialect.ir import Func, Op, Value
 from jnova.dialect.ops import FallbackOp
 from jnova.dialect.types import itemsize
-
-
-@dataclass
-class Kernel:
-    name: str
-    ops: list[Op]
-    inputs: list[Value]
-    outputs: list[Value]
-
-
-@dataclass
-class BatchedKernel(Kernel):
-    """Independent kernels launched as one (`batch_terminal_kernels`): `ops`, `inputs` (each once) and
-    `outputs` are the segments' together, in order."""
-
-    segments: list[Kernel] = field(default_factory=list)
-
-
-@dataclass
-class View(Kernel):
-    """A group that is one reshape: no data moves, so it is no kernel. The step function reshapes the
-    array (XLA makes it a bitcast of the same buffer); `Plan.kernels` leaves views out."""
-
-
-@dataclass
-class AllReduceBucket:
-    """One all-reduce of the flat concatenation of `operands` (the fallback equation `site` gives the
-    primitive and its axes); `results[i]` is operand i's sum, in its shape (bucket_all_reduces.py)."""
-
-    site: int
-    operands: list[Value]
-    results: list[Value]
-
+from jnova.passes.plan import BatchedKernel, Kernel, Plan, View
 
 MAX_BATCH_PARAMS = 256  # pointers per batched kernel: 2 KiB of the 4 KiB of kernel parameters
 MAX_DELAYED_BYTES = 512 * 2**20  # memory a batch may keep alive past its members' own positions
 
 
-@dataclass
-class Plan:
-    """The ordered steps of a compiled function: `Kernel`s and fallback `Op`s."""
+class KernelFamilies(Protocol):
+    """What a backend's kernel builders take, as kernel formation asks it."""
 
-    func: Func
-    steps: list["Kernel | Op"] = field(default_factory=list)
+    def accepts(self, kernel: Kernel) -> str | None:
+        """Why no kernel family takes `kernel`, or None when one does."""
 
-    @property
-    def kernels(self) -> list[Kernel]:
-        return [s for s in self.steps if isinstance(s, Kernel) and not isinstance(s, View)]
+    def mergeable(self, kernel: Kernel) -> bool:
+        """Whether `merge_neighbours` may make `kernel` (groups merged) one kernel."""
 
-    def kernels_json(self) -> list[dict]:
-        """The kernel steps of `plan_to_json(self)`."""
-        return [s for s in plan_to_json(self)["steps"] if "kernel" in s]
+    def batchable(self, kernel: Kernel) -> bool:
+        """Whether `batch_terminal_kernels` may launch `kernel` in a batch with others."""
+
+    def in_place(self, kernel: Kernel) -> bool:
+        """Whether the kernel built for `kernel` may write an output into the buffer of an input it reads
+        only at each element's own offset (`reuse_buffers`)."""
+
+    def epilogue_refusal(self, ops: Sequence[Op]) -> str | None:
+        """Why the contraction kernels do not compute `ops` (one matmul and what follows it) in
+        registers, or None when they do."""
+
+
+def form_plan(func: Func, groups, per_group: bool, families: KernelFamilies | None) -> Plan:
+    """The step's plan. Not `per_group`: a kernel per run of ops between fallbacks (`form_kernels`).
+    Per group without `families` (the CPU's fused plan): a kernel per fusion group. With the GPU's
+    `families`: the epilogues its contraction kernels cannot take split off, neighbours that share
+    rows merged, one kernel per group, and an optimizer's per-leaf updates launched in a few batches."""
+    if not per_group:
+        return form_kernels(func)
+    if families is None:
+        return kernels_from_fusion(func, groups)
+    groups = merge_neighbours(func, split_contraction_epilogues(func, groups, families), families.mergeable)
+    return batch_terminal_kernels(kernels_from_fusion(func, groups), families.batchable)
 
 
 def form_kernels(func: Func) -> Plan:
@@ -100,70 +91,50 @@ def form_kernels(func: Func) -> Plan:
     return plan
 
 
-def plan_to_json(plan: Plan) -> dict:
-    """The plan with values as integer ids (arguments first, then op results in program order).
-
-    This is what the executor runs and what the persistent cache stores: it needs no nova IR.
-    """
-    ids: dict[Value, int] = {v: i for i, v in enumerate(plan.func.args)}
-    order = {op: i for i, op in enumerate(plan.func.ops)}
-    for op in plan.func.ops:
-        for r in op.results:
-            ids[r] = len(ids)
-    steps = []
-    for step in plan.steps:
-        if isinstance(step, View):
-            steps.append({"view": step.name, "in": [ids[step.inputs[0]]], "out": [ids[step.outputs[0]]],
-                          "out_types": [[list(step.outputs[0].type.shape), step.outputs[0].type.dtype]]})
-        elif isinstance(step, Kernel):
-            steps.append({"kernel": step.name, "in": [ids[v] for v in step.inputs], "out": [ids[v] for v in step.outputs],
-                          "out_types": [[list(v.type.shape), v.type.dtype] for v in step.outputs],
-                          "deps": output_inputs(step, order)})
-        elif isinstance(step, AllReduceBucket):
-            steps.append({"bucket": step.site, "in": [ids[v] for v in step.operands],
-                          "out": [ids[v] for v in step.results]})
-        else:
-            steps.append({"fallback": step.attrs["primitive"], "site": step.attrs["site"],
-                          "in": [ids[v] for v in step.operands], "out": [ids[v] for v in step.results]})
-    return {"num_args": len(plan.func.args), "steps": steps, "returns": [ids[v] for v in plan.func.returns]}
-
-
-def output_inputs(kernel: Kernel, order: dict) -> list[list[int]]:
-    """For each output of `kernel`, the positions of the inputs it is computed from (`order`: each op's
-    position in the function). The kernel's results take their types from these inputs: inside
-    shard_map, the mesh axes a result varies over are its inputs' (nova_kernel.py)."""
-    deps: dict[Value, frozenset] = {v: frozenset([i]) for i, v in enumerate(kernel.inputs)}
-    for op in sorted(kernel.ops, key=order.__getitem__):
-        found = frozenset().union(*(deps.get(v, frozenset()) for v in op.operands))
-        for r in op.results:
-            deps.setdefault(r, found)
-    return [sorted(deps.get(v, ())) for v in kernel.outputs]
-
-
-def split_contraction_epilogues(groups) -> list:
-    """Each contraction group whose epilogue the GPU contraction kernels do not compute (they add a
-    bias and a residual in registers) as two: the matmul, then its epilogue as an elementwise group.
+def split_contraction_epilogues(func: Func, groups, families: KernelFamilies) -> list:
+    """Each contraction group whose epilogue the contraction kernels do not compute (the GPU's add a
+    bias and a residual in registers) as two: the matmul with the longest chain of conversions and
+    views of its result the contraction kernel does compute (a rounding to bf16: the result crosses
+    memory in 16 bits), then the rest of its epilogue as an elementwise group.
 
     The result goes through memory once more, but every other fusion stays.
     """
-    from jnova.codegen.gpu.contraction import epilogue_of
     from jnova.passes.fuse import Group
 
+    returned = set(func.returns)
     out = []
     for g in groups:
         matmuls = [op for op in g.ops if op.name == "nova.matmul"]
-        if g.kind != "contraction" or len(g.ops) == 1 or len(matmuls) != 1 or epilogue_of(g.ops)[0] is not None:
+        if g.kind != "contraction" or len(g.ops) == 1 or len(matmuls) != 1 or families.epilogue_refusal(g.ops) is None:
             out.append(g)
             continue
-        out.append(Group(matmuls, "contraction", matmuls[0]))
-        out.append(Group([op for op in g.ops if op is not matmuls[0]], "elementwise"))
+        head = _computed_head(matmuls[0], g.ops, families, returned)
+        out.append(Group(head, "contraction", matmuls[0]))
+        out.append(Group([op for op in g.ops if op not in head], "elementwise"))
     return out
+
+
+def _computed_head(matmul: Op, ops, families: KernelFamilies, returned: set) -> list[Op]:
+    """The matmul and the chain of narrowing conversions and reshapes of its result that the
+    contraction kernel computes, each link read by the next alone (so the rest of the epilogue reads
+    the chain's end, in fewer bytes than the matmul's f32 result)."""
+    head, value = [matmul], matmul.results[0]
+    while value not in returned:
+        readers = [op for op in ops if value in op.operands]
+        if len(readers) != 1 or readers[0].name not in ("nova.convert", "nova.reshape") \
+                or (readers[0].name == "nova.convert"
+                    and itemsize(readers[0].results[0].type.dtype) >= itemsize(value.type.dtype)) \
+                or families.epilogue_refusal(head + readers) is not None:
+            break
+        head.append(readers[0])
+        value = readers[0].results[0]
+    return head
 
 
 def merge_neighbours(func: Func, groups, accepts) -> list:
     """The GPU's second fusion step: each group joins the one before it when it reads a value that
-    group computes (or an array it reads) and `accepts` takes the two as one kernel (`gpu_mergeable`: a row program, a row
-    reduction or one elementwise kernel). Fusion keeps a value another kernel also reads out of its
+    group computes (or an array it reads) and `accepts` takes the two as one kernel (`KernelFamilies.mergeable`; the GPU's: a row
+    program, a row reduction or one elementwise kernel). Fusion keeps a value another kernel also reads out of its
     readers' groups; neighbours in execution order can share it in registers and still write it
     once, so the chains of a softmax (max, exp, sum, divide) and of a LayerNorm (mean, variance,
     normalize, scale) become one kernel each, as do elementwise chains whose every step the backward
@@ -218,16 +189,6 @@ def _merged(groups, ids: set[int], ops: set[Op], order: dict, group_type):
         return groups[next(iter(ids))]
     anchor = next((groups[i].anchor for i in sorted(ids) if groups[i].anchor is not None), None)
     return group_type(sorted(ops, key=order.__getitem__), "reduction" if anchor is not None else "elementwise", anchor)
-
-
-def gpu_mergeable(kernel: Kernel) -> bool:
-    """What `merge_neighbours` may make one GPU kernel: a kernel the elementwise, row-reduction or
-    row-program builder takes (`codegen/gpu/row_program.py`)."""
-    from jnova.codegen.gpu.elementwise import elementwise_refusal
-    from jnova.codegen.gpu.reduction import row_reduction_refusal
-    from jnova.codegen.gpu.row_program import row_program_refusal
-
-    return any(refusal(kernel) is None for refusal in (elementwise_refusal, row_reduction_refusal, row_program_refusal))
 
 
 def kernels_from_fusion(func: Func, groups) -> Plan:
@@ -316,16 +277,7 @@ def batch_terminal_kernels(plan: Plan, batchable, max_params: int = MAX_BATCH_PA
             b = at_last[id(step)]
             out.steps.append(BatchedKernel(
                 f"{b[-1].name}_batch{len(b)}", [op for k in b for op in k.ops],
-                list(dict.fromkeys(v for k in b for v in k.inputs)), [v for k in b for v in k.outputs], b))
+                list(dict.fromkeys(v for k in b for v in k.inputs)), [v for k in b for v in k.outputs], segments=b))
         elif id(step) not in moved:
             out.steps.append(step)
     return out
-
-
-def gpu_batchable(kernel: Kernel) -> bool:
-    """What the GPU batches: kernels the elementwise or column-reduction builder takes
-    (`codegen/gpu/batched.py`)."""
-    from jnova.codegen.gpu.column_reduction import column_reduction_refusal
-    from jnova.codegen.gpu.elementwise import elementwise_refusal
-
-    return elementwise_refusal(kernel) is None or column_reduction_refusal(kernel) is None

@@ -24,6 +24,14 @@ Then no point of the step holds more than before: where the quotient is now held
 the dividend's place, of the same size. Where both were held (from the division to the quotient's
 last read; in GPT-2, from the forward to the backward), only the quotient is.
 
+Where the quotient itself is not kept, but only a narrower copy of it (a softmax computed in f32 from
+bf16 attention scores and rounded to bf16 for P @ V: every read of q is a convert to a narrower float,
+and a contraction reads that copy), the late reads take widen(bf16(q)) * s instead. The model already
+rounds the probabilities to bf16 there, and the f32 dividend, twice the copy's bytes, is no longer
+held from the forward to the backward (GPT-2 124M with Flax dtype bf16: 403 MB per layer). The
+rederived e then carries bf16's rounding (a relative 2**-9) into the softmax's gradient, as the
+bf16 model's other gradients do.
+
 Each late read gets its own broadcast and multiply (single use, so fusion takes them into the
 reader's kernel). q * s equals e up to two roundings (a relative error of about 2**-23 in f32),
 well inside what the step's contractions round.
@@ -34,8 +42,8 @@ import logging
 from collections import defaultdict
 
 from jnova.dialect.ir import Func, Op, Value
-from jnova.dialect.ops import OPS, BroadcastOp, ElementwiseOp
-from jnova.dialect.types import FLOAT_DTYPES
+from jnova.dialect.ops import OPS, BroadcastOp, ConvertOp, ElementwiseOp
+from jnova.dialect.types import FLOAT_DTYPES, itemsize
 
 log = logging.getLogger("jnova.passes")
 
@@ -53,14 +61,20 @@ def rederive_dividends(func: Func) -> int:
     before: dict[int, list[Op]] = defaultdict(list)  # op index -> new ops to insert ahead of it
     count, freed = 0, 0
     for i, op in enumerate(func.ops):
-        late = _late_reads(op, i, reads, returned)
-        if late is None:
+        found = _late_reads(op, i, reads, returned)
+        if found is None:
             continue
+        late, kept = found
         dividend, divisor = op.operands
         spread = divisor.owner
         for j, reader, k in late:
             again = BroadcastOp([spread.operands[0]], [divisor.type], dict(spread.attrs), loc=spread.loc)
-            product = OPS["nova.mul"]([op.results[0], again.results[0]], [dividend.type], loc=op.loc)
+            quotient = [kept]
+            if kept is not op.results[0]:  # the kept bf16 probabilities, widened back
+                widen = ConvertOp([kept], [dividend.type], loc=op.loc)
+                before[j].append(widen)
+                quotient = widen.results
+            product = OPS["nova.mul"]([quotient[0], again.results[0]], [dividend.type], loc=op.loc)
             reader.operands[k] = product.results[0]
             before[j] += [again, product]
         count += 1
@@ -76,9 +90,9 @@ def rederive_dividends(func: Func) -> int:
     return count
 
 
-def _late_reads(op: Op, i: int, reads, returned: set) -> list[tuple[int, Op, int]] | None:
+def _late_reads(op: Op, i: int, reads, returned: set) -> tuple[list[tuple[int, Op, int]], Value] | None:
     """The reads of `op`'s dividend after it, if they can take quotient x divisor instead (module
-    docstring); else None."""
+    docstring), and the form of the quotient they read (the quotient, or its narrowed copy); else None."""
     if op.name != "nova.div":
         return None
     dividend, divisor = op.operands
@@ -96,9 +110,28 @@ def _late_reads(op: Op, i: int, reads, returned: set) -> list[tuple[int, Op, int
     late = [(j, reader, k) for j, reader, k in reads[dividend] if j > i]
     if not late or not all(isinstance(reader, ElementwiseOp) for _, reader, _ in late):
         return None
-    if quotient not in returned and not any(reader.name == "nova.matmul" for _, reader, _ in reads[quotient]):
+    if quotient in returned or any(reader.name == "nova.matmul" for _, reader, _ in reads[quotient]):
+        return late, quotient
+    narrowed = _narrowed_for_contraction(quotient, reads, returned)
+    if narrowed is None:
         return None  # the quotient may live only inside the division's kernel: e's reads would write it out
-    return late
+    return late, narrowed
+
+
+def _narrowed_for_contraction(quotient: Value, reads, returned: set) -> Value | None:
+    """The quotient's narrower float copy that is kept anyway (a contraction reads it, or the step returns
+    it), when every read of the quotient is a conversion: a softmax of bf16 attention scores, computed in
+    f32 and rounded to bf16 for P @ V. Else None."""
+    width = itemsize(quotient.type.dtype)
+    copies = [reader for _, reader, _ in reads[quotient]]
+    if not copies or not all(c.name == "nova.convert" and c.results[0].type.dtype in FLOAT_DTYPES
+                             and itemsize(c.results[0].type.dtype) < width for c in copies):
+        return None
+    for c in copies:
+        r = c.results[0]
+        if r in returned or any(reader.name == "nova.matmul" for _, reader, _ in reads[r]):
+            return r
+    return None
 
 
 def _sum_of(value: Value, dividend: Value) -> bool:

@@ -12,7 +12,7 @@ The sum is a column reduction, into which the result's elementwise consumers fus
 the matmul (an optimizer's update, a bias add). It is the same math reordered: partial sums of K/S
 terms, added S at a time.
 
-The Analytic Configurator chooses S (`configure_tiles.choose_split_k`, its rule 6); GPU plan only.
+The Analytic Configurator chooses S (`configure/split_k.choose_split_k`); GPU plan only.
 """
 from __future__ import annotations
 
@@ -21,27 +21,24 @@ import logging
 from jnova.dialect.ir import Func, Op
 from jnova.dialect.ops import MatmulOp, ReduceOp, ReshapeOp
 from jnova.dialect.types import TensorType
-from jnova.runtime import launcher
+from jnova.passes.configure.problem import contraction_problem
+from jnova.passes.configure.split_k import choose_split_k, explain_split_k
 
 log = logging.getLogger("jnova.passes")
 
 
 def split_contractions(func: Func, target) -> int:
     """Rewrite in place; returns how many contractions were split."""
-    from jnova.codegen.gpu.contraction import contraction_problem
-    from jnova.passes.configure_tiles import choose_split_k, explain_split_k
-
     ops, count = [], 0
-    tensor_maps = launcher.tensor_maps_available()
     for op in func.ops:
         problem = contraction_problem(op)[0] if op.name == "nova.matmul" else None
-        splits = choose_split_k(problem, target, tensor_maps) if problem is not None else 1
+        splits = choose_split_k(problem, target) if problem is not None else 1
         if splits == 1:
             ops.append(op)
             continue
         if log.isEnabledFor(logging.DEBUG):  # the explanation weighs every split again
             log.debug("split_contractions: %dx%dx%d %s into %d (%s)", problem.m, problem.n, problem.k,
-                      problem.operand_dtype, splits, explain_split_k(problem, target, tensor_maps))
+                      problem.operand_dtype, splits, explain_split_k(problem, target))
         ops += _split(op, splits, problem.k, problem.a_layout)
         count += 1
     func.ops = ops
@@ -70,7 +67,8 @@ def _split(op: Op, splits: int, k: int, a_layout: str) -> list[Op]:
         operands.append(view.results[0])
     old = op.results[0]
     partial = MatmulOp(operands, [TensorType((splits,) + old.type.shape, old.type.dtype)],
-                       {**lhs_dims, "rhs_batch": (0,), "rhs_contract": (1,)}, loc=op.loc)
+                       {**lhs_dims, "rhs_batch": (0,), "rhs_contract": (1,),
+                        "precision": op.attrs["precision"]}, loc=op.loc)
     total = ReduceOp([partial.results[0]], [old.type], {"kind": "sum", "dims": (0,)}, loc=op.loc)
     old.owner, old.index = total, 0
     total.results[0] = old

@@ -2,11 +2,11 @@
 
 wgmma reads TF32 operands only K-major (A as [M, K], B as [N, K]); the contraction kernel copies an
 MN-major operand into its K-major shared-memory tile 4 bytes at a time, which slows the main loop by
-up to half (configure_tiles.TF32_LAYOUT_FRACTION). A forward layer's weight (B as [K, N]: a few MB
+up to half (`configure/contraction_time.TF32_LAYOUT_FRACTION`). A forward layer's weight (B as [K, N]: a few MB
 read by a contraction of many GFLOP) or a weight gradient's activations are cheaper to transpose once,
 in a kernel of their own, than 4 bytes at a time in every tile that reads them; with both operands
-K-major the warp-specialized kernel (rule 8) can take the contraction. The Analytic Configurator
-decides per operand (`choose_transposes`, rule 7). The transposed operand keeps its
+K-major the warp-specialized kernel can take the contraction. The Analytic Configurator
+decides per operand (`configure/operand_transposes.choose_transposes`). The transposed operand keeps its
 batch dims in front: [batch..., free..., contracting...]. One value transposed the same way for
 several contractions is transposed once. GPU plan only.
 """
@@ -17,24 +17,21 @@ import logging
 from jnova.dialect.ir import Func, Op
 from jnova.dialect.ops import TransposeOp
 from jnova.dialect.types import TensorType
-from jnova.runtime import launcher
+from jnova.passes.configure.operand_transposes import choose_transposes, explain_transposes
+from jnova.passes.configure.problem import contraction_problem
 
 log = logging.getLogger("jnova.passes")
 
 
 def transpose_operands(func: Func, target) -> int:
     """Rewrite in place; returns how many operands now come from a transpose."""
-    from jnova.codegen.gpu.contraction import contraction_problem
-    from jnova.passes.configure_tiles import choose_transposes, explain_transposes
-
     ops, count, made = [], 0, {}
-    tensor_maps = launcher.tensor_maps_available()
     for op in func.ops:
         problem = contraction_problem(op)[0] if op.name == "nova.matmul" else None
-        choice = choose_transposes(problem, target, tensor_maps) if problem is not None else (False, False)
+        choice = choose_transposes(problem, target) if problem is not None else (False, False)
         if any(choice) and log.isEnabledFor(logging.DEBUG):  # the explanation weighs every choice again
             log.debug("transpose_operands: %dx%dx%dx%d (%s)", problem.batch, problem.m, problem.n, problem.k,
-                      explain_transposes(problem, target, tensor_maps))
+                      explain_transposes(problem, target))
         for i, side in enumerate(("lhs", "rhs")):
             if choice[i]:
                 ops += _k_major(op, i, side, made)

@@ -10,6 +10,7 @@ runs as XLA ops through `nova_to_jax`; it is listed in `xla_groups` with the bui
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 from contextlib import nullcontext
@@ -17,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from jnova.codegen import cpu
-from jnova.codegen.linalg.lowering import LoweringError, kernel_to_linalg
-from jnova.dialect.ir import Func
+from jnova.codegen.linalg.lowering import kernel_to_linalg
+from jnova.dialect.ir import Func, Op
 from jnova.dialect.json_form import func_from_json, func_to_json
 from jnova.dialect.types import TensorType
-from jnova.errors import CompileError
-from jnova.passes.form_kernels import Kernel, Plan
+from jnova.errors import CompileError, LoweringError
+from jnova.passes.plan import Kernel, Plan
 from jnova.primitives.nova_kernel import KernelHandle
 from jnova.primitives.nova_to_jax import evaluate_ops
 from jnova.runtime.progress import Progress
@@ -40,6 +41,99 @@ class CompiledKernels:
 
 def _types(step: dict) -> list[TensorType]:
     return [TensorType(tuple(shape), dtype) for shape, dtype in step["out_types"]]
+
+
+# --------------------------------------------------------------------------- attention
+def attention_refusal(backend: str, target=None) -> Callable[[Op], str | None]:
+    """What `backend` says of each attention op: None where it compiles the op as one kernel of its own,
+    else why not (the op then runs as generic nova ops: passes/expand_attention.py).
+
+    The CPU takes every attention op (it lowers the op's decomposition inside its kernel). The GPU asks
+    `jnova.codegen.gpu.attention.attention_refusal(op, target)`, its flash-attention kernels' own refusal."""
+    if backend != "gpu":
+        return lambda op: None
+    if importlib.util.find_spec("jnova.codegen.gpu.attention") is None:
+        return lambda op: "this jnova has no GPU attention kernels"
+    from jnova.codegen.gpu.attention import attention_refusal as gpu_refusal
+
+    return lambda op: gpu_refusal(op, target)
+
+
+# --------------------------------------------------------------------------- training ops
+# Training ops with kernels of their own (they are raised, and kept to code generation, where the
+# backend has them; elsewhere they run as their decomposition). The one place that says so.
+# The GPU's cross-entropy kernels (codegen/gpu/cross_entropy.py, cross_entropy_backward.py); GELU,
+# LayerNorm and RMSNorm run as their decompositions there.
+GPU_TRAINING_KERNELS: frozenset[str] = frozenset({"nova.sce", "nova.sce_backward"})
+# a CPU plan of a kernel per fusion group (it stands for the GPU's) keeps the loss head as one kernel
+PER_GROUP_TRAINING_KERNELS: frozenset[str] = frozenset({"nova.sce", "nova.sce_backward"})
+
+
+def keeps_training_op(name: str, backend: str, per_group: bool = False) -> bool:
+    """Whether `backend` compiles training op `name` itself (see `training_refusal`). Where it does not,
+    raising the op only to expand it again would replace the user's formula by jnova's definition (the
+    same function, rounded differently), so the pipeline does not raise it there."""
+    if backend == "gpu":
+        return name in GPU_TRAINING_KERNELS
+    return not per_group or name in PER_GROUP_TRAINING_KERNELS
+
+
+def keeps_training_ops(backend: str, per_group: bool = False) -> bool:
+    """Whether `backend` compiles GELU, LayerNorm and RMSNorm (raise_training's ops) itself."""
+    return all(keeps_training_op(name, backend, per_group) for name in ("nova.gelu", "nova.layernorm", "nova.rmsnorm"))
+
+
+# Raised even where they are expanded again: GELU's decomposition (passes/expand_training.py) computes
+# the backward from x alone, where the backward JAX's AD wrote reads the forward's intermediates
+# (tanh(u) and x^2 or the like, two more tensors of the activation's size written in the forward and
+# read in the backward of every layer). The price: jnova's formula for the function, the same to
+# within its rounding (a few f32 ulps), instead of the user's.
+RAISED_FOR_THEIR_BACKWARD = frozenset({"nova.gelu"})
+
+
+def raised_training_ops(backend: str, per_group: bool = False) -> frozenset[str]:
+    """Which of raise_training's ops the pipeline raises for `backend`: all where it keeps them,
+    otherwise those whose raising pays for itself even expanded (`RAISED_FOR_THEIR_BACKWARD`)."""
+    if keeps_training_ops(backend, per_group):
+        return frozenset({"nova.gelu", "nova.layernorm", "nova.rmsnorm"})
+    return RAISED_FOR_THEIR_BACKWARD
+
+
+def training_refusal(backend: str, target=None, per_group: bool = False) -> Callable[[Op], str | None]:
+    """What `backend` says of each training op (nova.gelu, nova.layernorm, nova.rmsnorm, nova.sce and
+    their backwards): None where it compiles the op itself, else why not (the op then runs as generic
+    nova ops: passes/expand_training.py).
+
+    The CPU's plan of a kernel per run takes every one (it lowers the op's decomposition inside its
+    kernel). The CPU's plan of a kernel per fusion group (`per_group`, which stands for the GPU's)
+    takes the cross-entropy ops (a kernel of their own each) and refuses the others, as the GPU refuses
+    those it has no kernel for (`GPU_TRAINING_KERNELS`): the row-reduction and elementwise kernels
+    compute their decompositions, fused with the neighbouring ops as before they were raised. The GPU's
+    cross-entropy kernels say which ops they take (`codegen/gpu/cross_entropy.sce_refusal`: bf16 and
+    f32 logits, labels that can name every class; a mean or sum over rows is split off first,
+    passes/split_sce_reductions.py)."""
+    sce_refusal = _gpu_sce_refusal(target) if backend == "gpu" else None
+
+    def refusal(op: Op) -> str | None:
+        if keeps_training_op(op.name, backend, per_group):
+            return sce_refusal(op) if sce_refusal is not None and op.name in SCE_OPS else None
+        if backend == "gpu":
+            return (f"the GPU has no kernel family of its own for {op.name}; its decomposition runs in the "
+                    "row-reduction and elementwise kernels")
+        return f"a plan of a kernel per fusion group computes {op.name}'s decomposition in its groups"
+
+    return refusal
+
+
+SCE_OPS = ("nova.sce", "nova.sce_backward")
+
+
+def _gpu_sce_refusal(target) -> Callable[[Op], str | None]:
+    if importlib.util.find_spec("jnova.codegen.gpu.cross_entropy") is None:
+        return lambda op: "this jnova has no GPU cross-entropy kernels"
+    from jnova.codegen.gpu.cross_entropy import sce_refusal
+
+    return lambda op: sce_refusal(op, target)
 
 
 # --------------------------------------------------------------------------- CPU
@@ -66,11 +160,20 @@ def _cpu_handles(kernel_steps, linalg: str, llvm: str, stage) -> CompiledKernels
     for step in kernel_steps:
         name, types = step["kernel"], _types(step)
         run = (lambda name, types: lambda *xs: executable.run(name, list(xs), types))(name, types)
-        handles[name] = KernelHandle(name, types, "cpu", run, out_deps=step.get("deps"))
+        handles[name] = KernelHandle(name, types, "cpu", run, out_deps=step.get("deps"),
+                                     aliases=tuple(map(tuple, step.get("reuses", ()))))
     return CompiledKernels(handles, {"linalg": linalg, "llvm": llvm}, {"linalg.mlir": linalg, "llvm.mlir": llvm})
 
 
 # --------------------------------------------------------------------------- GPU
+def gpu_kernel_families():
+    """What the GPU's kernel builders take, for kernel formation (`codegen/gpu/compile.KERNEL_FAMILIES`);
+    imported only when a step is compiled, not when it is restored from the persistent cache."""
+    from jnova.codegen.gpu.compile import KERNEL_FAMILIES
+
+    return KERNEL_FAMILIES
+
+
 def compile_gpu(plan: Plan, target, stage=lambda name: nullcontext()) -> CompiledKernels:
     from jnova.codegen.gpu.compile import compile_gpu_kernel
 
@@ -79,7 +182,7 @@ def compile_gpu(plan: Plan, target, stage=lambda name: nullcontext()) -> Compile
     with stage("to_ptx"), Progress("compiling GPU kernels", len(plan.kernels)) as progress:
         for k in plan.kernels:
             progress.step()
-            text = group_text(k, "kernel")
+            text = group_text(k, "kernel") + f"\nreuses {list(k.reuses)}"  # in place or not: another launch
             digest = hashlib.sha256(text.encode()).hexdigest()
             if digest not in by_structure:
                 try:

@@ -1,6 +1,6 @@
 """The compiled step as a JAX function: kernel binds and fallback ops in plan order.
 
-It runs the JSON form of the plan (`passes.form_kernels.plan_to_json`), so a step restored from the
+It runs the JSON form of the plan (`passes.plan.plan_to_json`), so a step restored from the
 persistent cache runs without any nova IR.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jnova.primitives.nova_kernel import KernelHandle, nova_kernel_p
-from jnova.runtime.jax_internals import bind_equation, is_key, wrap_key
+from jnova.runtime.jax_internals import bind_equation, is_key, weakly_typed, wrap_key
 
 
 def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], const_args: list,
@@ -20,9 +20,12 @@ def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], con
 
     Typed PRNG keys live in nova as their raw uint32 data: arguments are unwrapped on entry,
     wrapped again for the fallback equations that take keys, and for the results that are keys.
+    Results that jax.jit returns weakly typed (a learning rate computed from a Python float, a step
+    count passed in as a Python int) are weakly typed again: nova types have no weak types.
     """
     key_args = [i for i, a in enumerate(in_avals) if is_key(a)]
     key_outs = {i: a.dtype for i, a in enumerate(out_avals) if is_key(a)}
+    weak_outs = {i for i, a in enumerate(out_avals) if getattr(a, "weak_type", False) and not is_key(a)}
 
     def run(*flat_args):
         flat_args = list(flat_args)
@@ -37,14 +40,16 @@ def step_function(plan: dict, sites: list, handles: dict[str, KernelHandle], con
                 outs = _all_reduce_bucket(sites[step["bucket"]], ins)
             elif "kernel" in step:
                 handle = handles[step["kernel"]]
-                if isinstance(handle, KernelHandle):
-                    outs = nova_kernel_p.bind(*ins, kernel=handle)
-                else:  # a group with no kernel builder on this backend: its ops as JAX ops
-                    outs = handle(*ins)
+                with jax.named_scope(step["kernel"]):  # XLA's op_name of its ops: the memory report reads it
+                    if isinstance(handle, KernelHandle):
+                        outs = nova_kernel_p.bind(*ins, kernel=handle)
+                    else:  # a group with no kernel builder on this backend: its ops as JAX ops
+                        outs = handle(*ins)
             else:  # a fallback op: the original JAX equation, bound as XLA would run it
                 outs = _bind(sites[step["site"]], ins)
             env.update(zip(step["out"], outs))
         outs = [env[i] for i in plan["returns"]]
+        outs = [weakly_typed(x) if i in weak_outs and not x.aval.weak_type else x for i, x in enumerate(outs)]
         return [wrap_key(x, key_outs[i]) if i in key_outs else x for i, x in enumerate(outs)]
 
     return run

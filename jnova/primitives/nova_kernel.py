@@ -6,6 +6,7 @@ compiled kernel does not support.
 """
 from __future__ import annotations
 
+import logging
 from functools import partial
 
 import jax
@@ -13,7 +14,9 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
 from jnova.dialect.types import TensorType, numpy_dtype
-from jnova.runtime.jax_internals import varying_axes
+from jnova.runtime.jax_internals import lowering_on_one_device, varying_axes
+
+log = logging.getLogger("jnova")
 
 nova_kernel_p = jex_core.Primitive("nova_kernel")
 nova_kernel_p.multiple_results = True
@@ -25,8 +28,11 @@ class KernelHandle:
     Hashed by identity (JAX caches lowerings by params); `run_host` runs it on NumPy arrays.
     """
 
-    def __init__(self, name: str, out_types: list[TensorType], backend: str, run_host=None, out_deps=None):
+    def __init__(self, name: str, out_types: list[TensorType], backend: str, run_host=None, out_deps=None,
+                 aliases: tuple[tuple[int, int], ...] = ()):
         self.name = name
+        # (operand index, result index) pairs sharing a buffer (XLA's input_output_aliases)
+        self.aliases = tuple(aliases)
         self.out_types = list(out_types)
         self.backend = backend
         self.run_host = run_host
@@ -70,7 +76,30 @@ def _cpu_lowering(ctx, *args, kernel: KernelHandle):
     def call(*xs):
         return jax.pure_callback(kernel.run_host, shapes, *xs, vmap_method="sequential")
 
-    return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
+    outs = mlir.lower_fun(call, multiple_results=True)(ctx, *args)
+    if kernel.aliases and lowering_on_one_device(ctx):  # partitioned, XLA wraps the host call's operands
+        _alias_callback_results(kernel, outs, args)
+    return outs
+
+
+def _alias_callback_results(kernel: KernelHandle, outs, args) -> None:
+    """Mark the host call's results as written into the operands' buffers (`kernel.aliases`), as the GPU's
+    custom call does: the host kernel computes every result before XLA copies them into their buffers,
+    so a result may take an operand's. Left as is (a warning) where the call is not one custom call of
+    exactly the kernel's operands."""
+    ir = mlir.ir
+    values = [v for out in outs for v in (out if isinstance(out, (list, tuple)) else [out])]
+    op = values[0].owner if values else None
+    op = getattr(op, "operation", op)
+    if op is None or op.name != "stablehlo.custom_call" or len(op.operands) != len(args) \
+            or len(op.results) != len(values):
+        log.warning("jnova: kernel %s's host call is not one custom call of its operands; its results "
+                    "take no operand's buffer", kernel.name)
+        return
+    single = len(op.results) == 1
+    attrs = [ir.Attribute.parse(f"#stablehlo.output_operand_alias<output_tuple_indices = {[] if single else [b]}, "
+                                f"operand_index = {a}, operand_tuple_indices = []>") for a, b in kernel.aliases]
+    op.attributes["output_operand_aliases"] = ir.ArrayAttr.get(attrs)
 
 
 def _cuda_lowering(ctx, *args, kernel: KernelHandle):

@@ -15,6 +15,7 @@ import numpy as np
 from jax import lax
 
 from jnova.dialect.ir import Op, Value
+from jnova.dialect.ops_training import TRAINING_OPS
 from jnova.dialect.types import numpy_dtype
 
 UNARY = {
@@ -97,6 +98,22 @@ def _scatter(op, a, out, x, idx, upd):
     return SCATTER[a["kind"]](x, idx, upd, dn, mode=MODES[a["mode"]])
 
 
+def _attention(op, a, out, *xs):
+    """An attention op as the JAX ops of its generic decomposition (what a backend that refuses it runs)."""
+    from jnova.passes.expand_attention import attention_decomposition
+
+    ops, results = attention_decomposition(op)
+    return evaluate_ops(ops, op.operands, results)(*xs)
+
+
+def _training(op, a, out, *xs):
+    """A training op (nova.sce, nova.layernorm, ...) as the JAX ops of its generic decomposition."""
+    from jnova.passes.expand_training import training_decomposition
+
+    ops, results = training_decomposition(op)
+    return evaluate_ops(ops, op.operands, results)(*xs)
+
+
 def _argreduce(op, a, out, x):
     fn = lax.argmax if a["kind"] == "max" else lax.argmin
     return fn(x, a["axis"], _dt(out))
@@ -114,8 +131,11 @@ _RULES = {
     "reshape": lambda op, a, out, x: lax.reshape(x, out.shape),
     "transpose": lambda op, a, out, x: lax.transpose(x, a["perm"]),
     "slice": lambda op, a, out, x: lax.slice(x, a["start"], a["limit"], a["strides"]),
-    "dynamic_slice": lambda op, a, out, x, *s: lax.dynamic_slice(x, s, a["sizes"]),
-    "dynamic_update_slice": lambda op, a, out, x, u, *s: lax.dynamic_update_slice(x, u, s),
+    # the nova ops clamp their starts, as the primitives do; lax's functions would first wrap a negative
+    # start around its dimension (jnp's indexing convention, already applied where the step was traced)
+    "dynamic_slice": lambda op, a, out, x, *s: lax.dynamic_slice(x, s, a["sizes"], allow_negative_indices=False),
+    "dynamic_update_slice": lambda op, a, out, x, u, *s: lax.dynamic_update_slice(x, u, s,
+                                                                                  allow_negative_indices=False),
     "concatenate": lambda op, a, out, *xs: lax.concatenate(xs, a["dim"]),
     "pad": lambda op, a, out, x, v: lax.pad(x, v, list(zip(a["low"], a["high"], a["interior"]))),
     "iota": lambda op, a, out: lax.broadcasted_iota(_dt(out), out.shape, a["dim"]),
@@ -126,9 +146,13 @@ _RULES = {
     "argreduce": _argreduce,
     "matmul": lambda op, a, out, x, y: lax.dot_general(
         x, y, ((a["lhs_contract"], a["rhs_contract"]), (a["lhs_batch"], a["rhs_batch"])),
+        precision=lax.Precision.HIGHEST if a["precision"] == "highest" else lax.Precision.DEFAULT,
         preferred_element_type=_dt(out)),
     "gather": _gather,
     "scatter": _scatter,
+    "attention": _attention,
+    "attention_backward": _attention,
+    **{name[len("nova."):]: _training for name in TRAINING_OPS},
 }
 
 

@@ -14,7 +14,8 @@ import logging
 import os
 import shutil
 import tempfile
-import warnings
+
+from jnova.runtime import user_code
 
 log = logging.getLogger("jnova.cache")
 
@@ -96,7 +97,7 @@ class DiskCache:
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, UnicodeDecodeError, AttributeError, TypeError) as e:
-            warnings.warn(f"jnova: discarding corrupt cache entry {path} ({e}); recompiling", stacklevel=2)
+            user_code.warn(f"jnova: discarding corrupt cache entry {path} ({e}); recompiling")
             shutil.rmtree(path, ignore_errors=True)
             return None
 

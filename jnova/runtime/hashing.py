@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-import jnova
+from jnova.version import __version__
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -29,7 +29,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 def code_digest() -> str:
     """A digest of jnova's own sources: a fix to the compiler invalidates what it compiled before."""
     h = hashlib.sha256()
-    root = pathlib.Path(jnova.__file__).parent
+    root = pathlib.Path(__file__).resolve().parents[1]  # the jnova package
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
@@ -38,7 +38,7 @@ def code_digest() -> str:
 
 def structural_hash(func_text: str, sites: list, options: dict, target: str = "cpu") -> str:
     h = hashlib.sha256()
-    for part in (f"jnova {jnova.__version__} {code_digest()}", f"jax {jax.__version__}", f"target {target}",
+    for part in (f"jnova {__version__} {code_digest()}", f"jax {jax.__version__}", f"target {target}",
                  "options " + repr(sorted(options.items())), func_text):
         h.update(part.encode())
         h.update(b"\0")

@@ -63,3 +63,65 @@ def key_data_shape(dtype) -> tuple[int, ...]:
 def wrap_key(data, dtype):
     """Raw uint32 key data back into keys of `dtype`."""
     return jax.random.wrap_key_data(data, impl=dtype._impl)
+
+
+def weakly_typed(x):
+    """`x` as a weakly typed value of its dtype (what jax.jit returns for a result traced as weak, such as
+    a Python scalar's product with a weak input): a no-op convert, so the result promotes as jax.jit's."""
+    from jax._src.lax import lax as lax_internal
+
+    return lax_internal._convert_element_type(x, x.dtype, weak_type=True)
+
+
+def compile_with_buffer_dump(lowered, compiler_options: dict | None = None) -> tuple[object, dict[str, str]]:
+    """Compile a `jax.jit(...).lower(...)` result with XLA's dump of the optimized module on, and return
+    (jax's compiled object, {"hlo", "live_range", "buffer_assignment": text}) of the module XLA compiled.
+
+    XLA writes, per compiled module under `--xla_dump_to`, `<module>.<backend>_after_optimizations.txt`
+    (the scheduled HLO, with each instruction's op_name), `...-buffer-assignment.txt` and, with
+    `xla_dump_buffer_assignment_analysis`, `...-live-range.txt` (the instruction sequence, every
+    buffer's live range over it, and the buffers live at the peak). Both the CPU and the GPU compiler
+    write them (xla/service/dump.cc, jaxlib 0.10-0.11): the dump is the stable, public way to read
+    XLA's buffer assignment, which jaxlib's Python objects do not expose."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="jnova_xla_dump_") as root:
+        options = {**(compiler_options or {}), "xla_dump_to": root, "xla_dump_hlo_as_text": True,
+                   "xla_dump_buffer_assignment_analysis": True}
+        compiled = lowered.compile(compiler_options=options)
+        names = os.listdir(root)
+        ranges = sorted((n for n in names if n.endswith("_after_optimizations-live-range.txt")),
+                        key=lambda n: os.path.getsize(os.path.join(root, n)))
+        if not ranges:
+            raise RuntimeError(f"XLA (jax {jax.__version__}) wrote no '*_after_optimizations-live-range.txt' under "
+                               f"xla_dump_to; it wrote {sorted(names)[:8]}")
+        stem = ranges[-1][:-len("-live-range.txt")]  # the largest module: the step (not a callback's)
+        texts = {}
+        for key, suffix in (("hlo", ".txt"), ("live_range", "-live-range.txt"),
+                            ("buffer_assignment", "-buffer-assignment.txt")):
+            path = os.path.join(root, stem + suffix)
+            if os.path.exists(path):
+                with open(path) as f:
+                    texts[key] = f.read()
+    return compiled, texts
+
+
+def lowering_on_one_device(ctx) -> bool:
+    """Whether a lowering rule's context is a computation on one device (not partitioned over several,
+    not inside shard_map or pmap): `ShardingContext` with one device on jax 0.10-0.11."""
+    axis_context = getattr(ctx.module_context, "axis_context", None)
+    return type(axis_context).__name__ == "ShardingContext" and getattr(axis_context, "num_devices", 0) == 1
+
+
+def resolve_argnums(fn, static_argnums, static_argnames, donate_argnums, donate_argnames):
+    """jax.jit's checks and completion of its argument options, with its exception types: names
+    filled in from numbers and numbers from names by `fn`'s signature, each checked against it, static
+    and donated ones disjoint. Returns (static_argnums, static_argnames, donate_argnums,
+    donate_argnames)."""
+    from jax._src import api_util
+
+    signature = api_util.fun_signature(fn)  # None for builtins without one: jax.jit checks nothing then
+    donate_argnums, donate_argnames, static_argnums, static_argnames = api_util.resolve_argnums(
+        fn, signature, donate_argnums, donate_argnames, static_argnums, static_argnames)
+    return tuple(static_argnums), tuple(static_argnames), tuple(donate_argnums), tuple(donate_argnames)

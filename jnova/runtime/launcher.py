@@ -35,12 +35,12 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 
 import jax
 
 from jnova.errors import CompileError
+from jnova.runtime import user_code
 
 log = logging.getLogger("jnova.launcher")
 
@@ -225,12 +225,12 @@ def _load() -> Launcher | None:
     try:
         launcher = Launcher(build())
     except (CompileError, OSError, subprocess.SubprocessError) as e:
-        warnings.warn(f"jnova's kernel launcher is unavailable, using jaxlib's PTX kernel call "
-                      f"(more host time per launch): {e}", RuntimeWarning, stacklevel=3)
+        user_code.warn(f"jnova's kernel launcher is unavailable, using jaxlib's PTX kernel call "
+                      f"(more host time per launch): {e}", RuntimeWarning)
         return None
     if launcher.driver_status == -2:  # a driver the launcher cannot use: jaxlib's call still can
-        warnings.warn(f"jnova's kernel launcher cannot use this CUDA driver, using jaxlib's PTX kernel call: "
-                      f"{launcher.driver_error}", RuntimeWarning, stacklevel=3)
+        user_code.warn(f"jnova's kernel launcher cannot use this CUDA driver, using jaxlib's PTX kernel call: "
+                      f"{launcher.driver_error}", RuntimeWarning)
         return None
     launcher.mode = _register_with_xla(launcher)
     if launcher.driver_error:

@@ -27,9 +27,13 @@ class Target:
     compute_capability: tuple[int, int]
     sm_count: int
     max_threads_per_block: int = 1024
+    max_threads_per_sm: int = 2048  # resident threads per SM (1536 on sm_86 and sm_89)
     smem_per_block: int = 48 * KiB  # without opt-in
     smem_per_block_optin: int
     smem_per_sm: int
+    # Shared memory the driver keeps for itself in every resident block (CUDA's "reserved shared memory
+    # per block", 1 KiB from sm_80 on): a block using S bytes takes S + this much of its SM's smem_per_sm.
+    smem_reserved_per_block: int = 1 * KiB
     regs_per_sm: int = 64 * 1024
     regs_per_block: int = 64 * 1024
     l2_bytes: int
@@ -38,6 +42,9 @@ class Target:
     tensor_flops: tuple[tuple[str, float], ...]
     fp32_flops: float  # peak FP32 FMA throughput (CUDA cores, not tensor cores)
     features: frozenset[str]
+    # Whether kernels compiled for this target may take TMA descriptors (tensor maps): only jnova's
+    # launcher builds them, so the pipeline sets this from `launcher.tensor_maps_available()`.
+    tensor_maps: bool = True
 
     def __post_init__(self):
         pairs = self.tensor_flops.items() if isinstance(self.tensor_flops, Mapping) else self.tensor_flops
@@ -71,9 +78,23 @@ class Target:
         raise ValueError(f"target {self.name} has no tensor-core rate for {dtype!r}; "
                          f"it has {[name for name, _ in self.tensor_flops]}")
 
+    def blocks_per_sm_by_smem(self, smem_bytes: int) -> int:
+        """Blocks of `smem_bytes` dynamic shared memory one SM holds at once, the driver's reserve counted."""
+        return self.smem_per_sm // (smem_bytes + self.smem_reserved_per_block)
+
     def balance_point(self, dtype: str) -> float:
         """Machine balance in FLOP/byte: peak tensor FLOP/s for `dtype` over DRAM bytes/s."""
         return self.peak_tensor_flops(dtype) / self.dram_bytes_per_s
+
+    @property
+    def cache_key(self) -> str:
+        """Every fact of the target, in a fixed order: what the compile caches key a step's target by,
+        so steps compiled for targets that differ in anything a decision reads never share an entry."""
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            parts.append(f"{f.name}={sorted(value) if isinstance(value, frozenset) else value}")
+        return " ".join(parts)
 
     def __str__(self) -> str:
         return (f"{self.name} ({self.arch}, {self.sm_count} SMs, {self.smem_per_block_optin // KiB} KiB smem/block, "
@@ -129,7 +150,7 @@ PRESETS: dict[str, Target] = {
         name="rtx6000ada", compute_capability=(8, 9), sm_count=142,
         smem_per_block_optin=99 * KiB, smem_per_sm=100 * KiB, l2_bytes=96 * MiB,
         dram_bytes_per_s=960e9, tensor_flops=_tensor_rates(364.2e12), fp32_flops=91.1e12,
-        features=_features_for((8, 9)),
+        features=_features_for((8, 9)), max_threads_per_sm=1536,
     ),
     # GeForce RTX 3060 (12 GB, GA106): 28 SMs at 1777 MHz boost, 3 MiB L2, GDDR6 at 15 Gbps on 192 bits
     # = 360 GB/s. Ampere GA102 whitepaper: a GeForce SM does 512 dense FP16/BF16 FLOP/clk with FP32
@@ -138,7 +159,7 @@ PRESETS: dict[str, Target] = {
         name="rtx3060", compute_capability=(8, 6), sm_count=28,
         smem_per_block_optin=99 * KiB, smem_per_sm=100 * KiB, l2_bytes=3 * MiB,
         dram_bytes_per_s=360e9, tensor_flops=_tensor_rates(25.5e12), fp32_flops=12.7e12,
-        features=_features_for((8, 6)),
+        features=_features_for((8, 6)), max_threads_per_sm=1536,
     ),
 }
 
@@ -212,9 +233,11 @@ def _query_device(ordinal: int) -> Target:
     return Target(
         name=name, compute_capability=cc, sm_count=sm_count,
         max_threads_per_block=get("MAX_THREADS_PER_BLOCK"),
+        max_threads_per_sm=get("MAX_THREADS_PER_MULTIPROCESSOR"),
         smem_per_block=get("MAX_SHARED_MEMORY_PER_BLOCK"),
         smem_per_block_optin=get("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
         smem_per_sm=get("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+        smem_reserved_per_block=get("RESERVED_SHARED_MEMORY_PER_BLOCK"),
         regs_per_sm=get("MAX_REGISTERS_PER_MULTIPROCESSOR"),
         regs_per_block=get("MAX_REGISTERS_PER_BLOCK"),
         l2_bytes=get("L2_CACHE_SIZE"),

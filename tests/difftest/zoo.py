@@ -20,6 +20,8 @@ import numpy as np
 import optax
 from jax import lax
 
+from helpers.random_inputs import rand
+
 
 def wide(dtype):
     """The dtype of statistics, softmax and loss: f32, or f64 in a model computed in f64 (the reference
@@ -146,7 +148,7 @@ def llama_setup(seed: int, batch: int = 2, seq: int = 10, **config):
 # --------------------------------------------------------------------------- lax.scan over layers
 def scanned_mlp_init(seed: int, layers: int = 3, d: int = 16, d_in: int = 8, d_out: int = 5) -> dict:
     rng = np.random.default_rng(seed)
-    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+    normal = lambda *shape: rand(shape, jnp.float32, rng)  # noqa: E731
     return {"w_in": normal(d_in, d) / d_in**0.5, "w": normal(layers, d, d) / d**0.5, "b": 0.1 * normal(layers, d),
             "w_out": normal(d, d_out) / d**0.5}
 

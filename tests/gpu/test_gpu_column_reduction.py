@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from jnova.codegen.gpu.compile import compile_gpu_kernel
-from test_gpu_kernels import TARGET, kernel_of, poisoned_like, rand, run_kernel  # skips without a GPU
+from helpers.gpu_launch import TARGET, poisoned_like, run_kernel  # skips without a GPU
+from helpers.kernels import kernel_of
+from helpers.random_inputs import rand
 
 pytestmark = pytest.mark.gpu
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jnova
-from test_data_parallel import assert_trees_close
+from helpers.data_parallel import assert_trees_close
 
 pytestmark = pytest.mark.gpu
 

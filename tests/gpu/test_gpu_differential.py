@@ -27,7 +27,7 @@ from difftest import compare
 from difftest.findings import CUMMAX_BF16, CUMMAX_BF16_SEED
 from difftest.generate import programs
 
-import test_gpu_kernels  # noqa: F401  (skips this module without a GPU; registers the CUDA lowering)
+import helpers.gpu_launch  # noqa: F401  (skips this module without a GPU; registers the CUDA lowering)
 
 pytestmark = pytest.mark.gpu
 BACKEND = "gpu"
@@ -112,12 +112,12 @@ def test_cummax_program_kernel_by_kernel_on_the_gpu():
     """How the finding above was located: the program's GPU plan run one kernel at a time (each launched
     alone under jax.jit, its outputs poisoned), every kernel's outputs compared with its ops run by
     jax.lax on the same GPU inputs."""
-    from gpu_emulation import differences, gpu_plan, reference
-    from test_gpu_kernels import TARGET, poisoned_like, run_kernel
+    from helpers.gpu_emulation import differences, gpu_plan, reference
+    from helpers.gpu_launch import TARGET, poisoned_like, run_kernel
 
     from difftest.program import Program
     from jnova.codegen.gpu.compile import compile_gpu_kernel
-    from jnova.passes.form_kernels import Kernel
+    from jnova.passes.plan import Kernel
 
     program = Program.parse(CUMMAX_BF16)
     step = program.step()

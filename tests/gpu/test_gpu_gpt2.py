@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jnova
-from test_gpu_kernels import TARGET  # noqa: F401 (skips this module without a GPU)
+from helpers.gpu_launch import TARGET  # noqa: F401 (skips this module without a GPU)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "gpt2"))
 import model as gpt2  # noqa: E402

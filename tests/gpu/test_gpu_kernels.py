@@ -4,7 +4,6 @@ jnp on fresh random inputs, launched through `nova_kernel_p`'s CUDA lowering ins
 Outputs are poisoned: each result aliases a donated operand that differs from the expected value in
 every element (NaN where a float is expected, expected + 1 for integers, the negation for bools),
 so an element the kernel does not write fails the comparison."""
-import os
 import zlib
 
 import jax
@@ -14,72 +13,17 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-
-def _has_gpu() -> bool:
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
-
-
-if not _has_gpu():
-    pytest.skip("no GPU visible to JAX", allow_module_level=True)
-
-from jnova.capture.to_nova import to_nova  # noqa: E402
-from jnova.capture.trace import trace  # noqa: E402
+from helpers.gpu_launch import TARGET, poisoned_like, run_kernel  # noqa: E402  (skips without a GPU)
+from helpers.kernels import kernel_of  # noqa: E402
+from helpers.random_inputs import rand
+from helpers.row_programs import ROW_PROGRAMS  # noqa: E402
 from jnova.codegen.gpu.compile import compile_gpu_kernel  # noqa: E402
-from jnova.passes.canonicalize import canonicalize  # noqa: E402
-from jnova.passes.cse import cse  # noqa: E402
-from jnova.passes.dce import dce  # noqa: E402
-from jnova.passes.form_kernels import form_kernels  # noqa: E402
 from jnova.primitives import gpu_lowering  # noqa: E402
-from jnova.primitives.gpu_lowering import GpuKernelHandle, register_gpu_lowering  # noqa: E402
+from jnova.primitives.gpu_lowering import GpuKernelHandle  # noqa: E402
 from jnova.primitives.nova_kernel import nova_kernel_p  # noqa: E402
 from jnova.runtime import jax_internals  # noqa: E402
-from jnova.runtime.target import get_target  # noqa: E402
-from test_row_programs import ROW_PROGRAMS  # noqa: E402
 
-register_gpu_lowering()
-TARGET = get_target(os.environ.get("JNOVA_TEST_TARGET", "h200"))
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
-
-
-def kernel_of(fn, *args):
-    """The single kernel jnova forms for `fn`, and the arrays its inputs are (in kernel order)."""
-    program = to_nova(trace(fn, args, {}), fallback="error")
-    func = program.func
-    canonicalize(func)
-    cse(func)
-    dce(func, keep_sites=set())
-    (kernel,) = form_kernels(func).kernels
-    values = list(args) + list(program.const_args)
-    return kernel, [values[func.args.index(v)] for v in kernel.inputs]
-
-
-def rand(shape, dtype, rng):
-    if jnp.issubdtype(dtype, jnp.integer):
-        return jnp.asarray(rng.integers(-1000, 1000, shape), dtype)
-    return jnp.asarray(rng.standard_normal(shape), dtype)
-
-
-def poisoned_like(want):
-    if want.dtype == jnp.bool_:
-        return ~want
-    if jnp.issubdtype(want.dtype, jnp.integer):
-        return want + 1
-    return jnp.where(jnp.isnan(want.astype(f32)), 0, jnp.nan).astype(want.dtype)
-
-
-def run_kernel(launch, kernel, inputs, poison=None):
-    """The kernel's outputs via nova_kernel_p under jax.jit; `poison` arrays become the outputs' buffers."""
-    out_types = [v.type for v in kernel.outputs]
-    if poison is None:
-        handle = GpuKernelHandle(launch, out_types)
-        return jax.jit(lambda *xs: nova_kernel_p.bind(*xs, kernel=handle))(*inputs)
-    n = len(inputs)
-    handle = GpuKernelHandle(launch, out_types, aliases=tuple((n + i, i) for i in range(len(poison))))
-    donate = tuple(range(n, n + len(poison)))
-    return jax.jit(lambda *xs: nova_kernel_p.bind(*xs, kernel=handle), donate_argnums=donate)(*inputs, *poison)
 
 
 def check(fn, specs, rtol, atol=0.0, seed=None):

@@ -17,11 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_gpu_kernels import TARGET  # skips this module without a GPU; registers the CUDA lowering
+from helpers.gpu_launch import TARGET  # skips this module without a GPU; registers the CUDA lowering
 
 from jnova.codegen.gpu.matmul import GpuKernel, MatmulEpilogue, build_matmul
 from jnova.dialect.types import TensorType
-from jnova.passes.configure_tiles import ContractionProblem, TileConfig, choose_tiles
+from jnova.passes.configure.problem import ContractionProblem
+from jnova.passes.configure.tile_config import TileConfig
+from jnova.passes.configure.tile_schedule import choose_tiles
 from jnova.primitives.gpu_lowering import GpuKernelHandle
 from jnova.primitives.nova_kernel import nova_kernel_p
 
@@ -31,6 +33,9 @@ TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-2}  # relative error in norm: TF32 
 # dropped (truncation, unit roundoff 2**-10) where mma.sync's operands are rounded first (2**-11)
 TF32_TRUNCATED = 2e-3
 BOTH = MatmulEpilogue(bias="float32", residual="float32")
+FLAX_DENSE = MatmulEpilogue(bias="bfloat16", steps=("to:bfloat16", "to:float32", "bias", "to:bfloat16"))
+ROUNDED = MatmulEpilogue(steps=("to:bfloat16", "to:float32"))
+RESIDUAL_TO_BF16 = MatmulEpilogue(residual="bfloat16", steps=("residual", "to:bfloat16"))
 
 
 def _cases():
@@ -44,6 +49,11 @@ def _cases():
         cases.append((dtype, (1, 1000, 77, 33), "row", "col", MatmulEpilogue(bias="bfloat16", residual="bfloat16"), None))
         cases.append((dtype, (1, 512, 512, 512), "row", "row", None, None))
         cases.append((dtype, (1, 4096, 768, 3072), "row", "row", BOTH, None))  # a GPT-2 shape, as chosen
+        # conversions in the epilogue (Flax's bf16 Dense under excess precision), C stored in 16 bits
+        cases.append((dtype, (1, 1000, 77, 33), "row", "row", FLAX_DENSE, None))
+        cases.append((dtype, (3, 200, 136, 264), "row", "col", ROUNDED, None))
+        cases.append((dtype, (1, 8192, 2304, 768), "row", "row", FLAX_DENSE, None))  # ping-pong, as chosen
+        cases.append((dtype, (1, 4096, 768, 3072), "row", "col", RESIDUAL_TO_BF16, None))
     # other schedules than the configurator's: 2 stages, several warpgroups / warps, one k-tile
     cases.append(("bfloat16", (1, 384, 256, 192), "row", "row", None,
                   "block=128x256x64 warps=4x2 stages=2 mma=wgmma_bf16_m64nNk16 swizzle=128"))
@@ -170,19 +180,26 @@ def reference(problem: ContractionProblem, epilogue: MatmulEpilogue | None, xs) 
     if problem.b_layout == "col":
         b = b.transpose(0, 2, 1)
     out = a @ b
-    for x in xs[2:]:
-        out = out + np.asarray(x, np.float64)
+    if epilogue is None:
+        return out
+    extra = dict(zip([n for n in ("bias", "residual") if getattr(epilogue, n)], xs[2:]))
+    for step in epilogue.steps:  # in f64, rounded to 16 bits where the epilogue rounds
+        if step in extra:
+            out = out + np.asarray(extra[step], np.float64)
+        else:
+            out = np.asarray(out.astype(jnp.dtype(step.removeprefix("to:"))), np.float64)
     return out
 
 
-def run_kernel(kernel: GpuKernel, problem: ContractionProblem, xs) -> np.ndarray:
+def run_kernel(kernel: GpuKernel, problem: ContractionProblem, xs, epilogue: MatmulEpilogue | None = None) -> np.ndarray:
     """C from the kernel, launched on device copies of `xs` with a NaN-poisoned output buffer."""
-    out_type = TensorType((problem.batch, problem.m, problem.n), "float32")
+    out_dtype = (epilogue or MatmulEpilogue()).out
+    out_type = TensorType((problem.batch, problem.m, problem.n), out_dtype)
     n = len(xs)
     handle = GpuKernelHandle(kernel.launch(), [out_type], aliases=((n, 0),))
     call = jax.jit(lambda *args: nova_kernel_p.bind(*args, kernel=handle)[0], donate_argnums=(n,))
-    poison = jnp.full(out_type.shape, jnp.nan, jnp.float32)
-    return np.asarray(call(*[jnp.asarray(x) for x in xs], poison))
+    poison = jnp.full(out_type.shape, jnp.nan, jnp.dtype(out_dtype))
+    return np.asarray(call(*[jnp.asarray(x) for x in xs], poison), np.float64)
 
 
 def describe_mismatch(out: np.ndarray, want: np.ndarray, tol: float) -> str:
@@ -211,9 +228,11 @@ def test_matmul_matches_float64(kernels, index):
     assert ("persistent" in kernel.schedule) == bool(_persistent(case)) or _persistent(case) is None, kernel.schedule
     rng = np.random.default_rng(1000 + index)
     xs = operands(problem, epilogue, rng)
-    out = run_kernel(kernel, problem, xs)
+    out = run_kernel(kernel, problem, xs, epilogue)
     want = reference(problem, epilogue, xs)
     error = np.linalg.norm(np.nan_to_num(out, nan=1e30) - want) / np.linalg.norm(want)
     print(f"{_case_id(case)}: {kernel.schedule}: relative error {error:.2e}")
     tol = TF32_TRUNCATED if "wgmma_tf32" in kernel.schedule else TOLERANCE[problem.operand_dtype]
+    if epilogue is not None and epilogue.converts:  # a TF32 or summation difference may round to the next bf16
+        tol = max(tol, 8e-3)
     assert not np.isnan(out).any() and error < tol, describe_mismatch(out, want, tol)

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from test_gpu_kernels import TARGET, kernel_of, poisoned_like, rand, run_kernel  # skips without a GPU
+from helpers.gpu_launch import TARGET, poisoned_like, run_kernel  # skips without a GPU
+from helpers.kernels import kernel_of
+from helpers.random_inputs import rand
 
 from jnova.codegen.gpu.compile import compile_gpu_kernel
 from jnova.primitives.gpu_lowering import GpuKernelHandle

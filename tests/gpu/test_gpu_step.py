@@ -31,7 +31,9 @@ def test_tiny_transformer_step_matches_jit(mixed_precision):
 def test_split_k_weight_gradient_matches_float64(mixed_precision):
     """A weight gradient the configurator splits along K (partial products over K/S, then their sum)
     and an update reading it, against float64 NumPy on fresh random inputs."""
-    from jnova.passes import configure_tiles as ct
+    from jnova.passes.configure.operand_transposes import choose_transposes
+    from jnova.passes.configure.problem import ContractionProblem
+    from jnova.passes.configure.split_k import choose_split_k, explain_split_k
     from jnova.runtime.target import get_target
 
     def sgd(x, dy, w):
@@ -42,9 +44,9 @@ def test_split_k_weight_gradient_matches_float64(mixed_precision):
     x, dy = (rng.standard_normal((8, 1024, 768), np.float32) for _ in range(2))
     w = rng.standard_normal((768, 768), np.float32)
     dtype = "bfloat16" if mixed_precision else "float32"
-    problem = ct.ContractionProblem(768, 768, 8192, operand_dtype=dtype, a_layout="col", b_layout="row")
-    splits = ct.choose_split_k(problem, get_target())
-    assert splits > 1, ct.explain_split_k(problem, get_target())  # 768 x 768: 36 tiles of 128 x 128 at most
+    problem = ContractionProblem(768, 768, 8192, operand_dtype=dtype, a_layout="col", b_layout="row")
+    splits = choose_split_k(problem, get_target())
+    assert splits > 1, explain_split_k(problem, get_target())  # 768 x 768: 36 tiles of 128 x 128 at most
     compiled = jnova.compile(sgd, mixed_precision=mixed_precision)
     new_w, g = compiled(x, dy, w)
     launches = compiled.lower(x, dy, w).as_text("launches")
@@ -66,7 +68,9 @@ def test_split_k_weight_gradient_matches_float64(mixed_precision):
 def test_transposed_tf32_operand_matches_float64():
     """A dense layer whose weight (B as [K, N]) the configurator transposes into a K-major copy before
     the TF32 contraction, against float64 NumPy on fresh random inputs."""
-    from jnova.passes import configure_tiles as ct
+    from jnova.passes.configure.operand_transposes import choose_transposes
+    from jnova.passes.configure.problem import ContractionProblem
+    from jnova.passes.configure.split_k import choose_split_k, explain_split_k
     from jnova.runtime.target import get_target
 
     def dense(x, w, b):
@@ -74,8 +78,8 @@ def test_transposed_tf32_operand_matches_float64():
 
     rng = np.random.default_rng()
     x, w, b = (rng.standard_normal(s, np.float32) for s in ((8192, 768), (768, 3072), (3072,)))
-    problem = ct.ContractionProblem(8192, 3072, 768, a_layout="row", b_layout="row")
-    assert ct.choose_transposes(problem, get_target()) == (False, True)
+    problem = ContractionProblem(8192, 3072, 768, a_layout="row", b_layout="row")
+    assert choose_transposes(problem, get_target()) == (False, True)
     compiled = jnova.compile(dense)
     got = np.asarray(compiled(x, w, b))
     assert "a=row b=col" in compiled.lower(x, w, b).as_text("launches")
@@ -111,3 +115,32 @@ def test_steps_recorded_as_kernel_nodes_match_jit_as_buffers_move():
     after = lib.counts()
     assert after["record_creates"] > before["record_creates"], (before, after)
     assert after["record_updates"] > before["record_updates"], (before, after)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_global_norm_clipping_split_into_partial_reductions_matches_float64(dtype):
+    """optax.clip_by_global_norm's sum of squares of a 2M-element gradient, which the configurator splits
+    into partial reductions (`split_reductions`), and the scaled update, against float64 NumPy."""
+    import jax.numpy as jnp
+    import optax
+
+    from jnova.passes.configure.reduction_split import choose_reduction_splits
+    from jnova.runtime.target import get_target
+
+    def clipped(w, g):
+        (g,), _ = optax.clip_by_global_norm(1.0).update((g,), optax.EmptyState())
+        return w - 0.5 * g, jnp.sum(g * g)
+
+    rng = np.random.default_rng()
+    w, g = (rng.standard_normal((2048, 1024)).astype(dtype) for _ in range(2))
+    assert choose_reduction_splits(1, g.size, get_target(None)) > 1
+    compiled = jnova.compile(clipped)
+    launches = compiled.lower(w, g).as_text("launches")
+    assert "row_reduction(rows=1, cols=2097152" not in launches, launches
+    got_w, got_sq = compiled(w, g)
+    g64 = np.asarray(g, np.float64)
+    scale = min(1.0, 1.0 / np.sqrt(np.sum(g64 * g64)))
+    tol = 2e-2 if dtype == "bfloat16" else 1e-5
+    np.testing.assert_allclose(np.asarray(got_w, np.float64), np.asarray(w, np.float64) - 0.5 * scale * g64,
+                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(float(got_sq), np.sum((scale * g64) ** 2), rtol=tol)

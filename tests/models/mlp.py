@@ -1,4 +1,5 @@
-"""A two-layer MLP regression model and its SGD training step (plain JAX, parameters in a dict)."""
+"""A two-layer MLP regression model and its SGD training step (plain JAX, parameters in a dict), and a
+variant with a tanh hidden layer (`tanh_loss`, `tanh_sgd_step`)."""
 from __future__ import annotations
 
 import jax
@@ -24,4 +25,16 @@ def loss(params, x, y):
 def sgd_step(params, x, y, lr=0.1):
     """One SGD step: (new params, loss). `lr` may be a Python scalar argument."""
     value, grads = jax.value_and_grad(loss)(params, x, y)
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads), value
+
+
+def tanh_loss(params, x, y):
+    """The variant with a tanh hidden layer feeding the output layer directly."""
+    h = jnp.tanh(x @ params["w1"] + params["b1"])
+    return jnp.mean((h @ params["w2"] + params["b2"] - y) ** 2)
+
+
+def tanh_sgd_step(params, x, y, lr=0.1):
+    """One SGD step of the tanh variant: (new params, loss)."""
+    value, grads = jax.value_and_grad(tanh_loss)(params, x, y)
     return jax.tree.map(lambda p, g: p - lr * g, params, grads), value

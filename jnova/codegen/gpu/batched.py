@@ -18,8 +18,8 @@ from jnova.codegen.gpu import column_reduction as column
 from jnova.codegen.gpu.elementwise import (BLOCK, build_elementwise, choose_elementwise_schedule, elementwise_refusal,
                                           grid_stride_outputs)
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, flat_memref, gpu_module_text, kernel_params
-from jnova.codegen.linalg.lowering import LoweringError
-from jnova.passes.form_kernels import Kernel
+from jnova.errors import LoweringError
+from jnova.passes.plan import Kernel
 from jnova.runtime.target import Target
 
 assert column.BLOCK == BLOCK, "segments of both families share the launch's block size"

@@ -26,11 +26,11 @@ from jnova.codegen.gpu.emitter import (GpuEmitter, GpuModule, gpu_module_text, k
 from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, widest_vector
 from jnova.codegen.gpu.reduction import one_reduction_refusal, sized_dims, the_reduce
 from jnova.codegen.linalg.emitter import compute_dtype, element
-from jnova.codegen.linalg.lowering import LoweringError
+from jnova.errors import LoweringError
 from jnova.codegen.linalg.rules_reduce import combine, reduce_init
 from jnova.dialect.ops import ReduceOp
 from jnova.dialect.types import bitwidth, itemsize
-from jnova.passes.form_kernels import Kernel
+from jnova.passes.plan import Kernel
 from jnova.runtime.target import Target
 
 BLOCK = 256  # threads per block

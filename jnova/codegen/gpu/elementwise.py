@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, global_thread, gpu_module_text, kernel_params
 from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, unsupported_op, widest_vector
-from jnova.codegen.linalg.lowering import LoweringError
-from jnova.passes.form_kernels import Kernel
+from jnova.errors import LoweringError
+from jnova.passes.plan import Kernel
 from jnova.runtime.target import Target
 
 BLOCK = 256  # threads per block
@@ -89,6 +89,10 @@ def grid_stride_outputs(em: GpuEmitter, kernel: Kernel, memrefs: dict, outs: lis
 
 
 def _store_outputs(em: GpuEmitter, kernel: Kernel, memrefs: dict, outs: list[str], point: Point) -> None:
+    """Every output at `point`: all of them computed (every input read) before the first is stored, so an
+    output may be written in place of an input (`Kernel.reuses`)."""
     evaluator = Evaluator(em, memrefs)  # one per region
+    for v in kernel.outputs:
+        evaluator.lanes(v, point)
     for v, mem in zip(kernel.outputs, outs):
         evaluator.store(v, mem, point)

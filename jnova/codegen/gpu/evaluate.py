@@ -25,7 +25,8 @@ import numpy as np
 from jnova.codegen.gpu.emitter import ARG_ALIGN, GpuEmitter, flat_memref, is_splat, scalar_constant
 from jnova.codegen.gpu.remaps import REMAP_OPS, evaluate_remap
 from jnova.codegen.linalg.emitter import element, storage
-from jnova.codegen.linalg.lowering import LOWERINGS, LoweringError
+from jnova.codegen.linalg.lowering import LOWERINGS
+from jnova.errors import LoweringError
 from jnova.dialect.ir import Op, Value
 from jnova.dialect.ops import BroadcastOp, ConstantOp, ConvertOp, ElementwiseOp, IotaOp, ReshapeOp, SelectOp
 from jnova.dialect.types import TensorType, itemsize

@@ -19,7 +19,7 @@ Analytic Configurator chose and compiles it to PTX. Three kernels (report, secti
 
 TMA descriptors depend on the buffers' addresses, so only a launcher that builds them at launch can
 run the first kernel (jnova's does; jaxlib's PTX kernel call passes plain pointers, and the
-configurator then keeps to the cp.async kernels: `choose_tiles(..., tensor_maps=False)`).
+configurator then keeps to the cp.async kernels: `choose_tiles` on a `Target` with `tensor_maps=False`).
 
 Layouts: A is [M, K] (`a_layout="row"`) or [K, M] ("col"); B is [K, N] ("row") or [N, K] ("col",
 what the backward pass needs). Any M, N, K: copies past an edge are zero-filled and the epilogue
@@ -42,12 +42,13 @@ from dataclasses import dataclass
 from jnova.codegen.gpu import matmul_mma, matmul_tma, matmul_wgmma
 from jnova.codegen.gpu.launch import GpuLaunch, TensorMap
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, ptx_features
-from jnova.codegen.gpu.matmul_epilogue import (BYTES, ELEMENT, Context, MatmulEpilogue, staging_bytes,
+from jnova.codegen.gpu.matmul_epilogue import (BYTES, ELEMENT, Context, MatmulEpilogue, stages_c, staging_bytes,
                                                store_fragments)
 from jnova.codegen.gpu.matmul_smem import SMEM, OperandTile
 from jnova.codegen.gpu.ptx import TENSOR_MAP_ALIGN, to_ptx
-from jnova.codegen.linalg.lowering import LoweringError
-from jnova.passes.configure_tiles import ContractionProblem, TileConfig
+from jnova.errors import LoweringError
+from jnova.passes.configure.problem import ContractionProblem
+from jnova.passes.configure.tile_config import TileConfig
 from jnova.runtime.target import Target
 
 GROUP_M = 8  # block tiles along M that share a sweep over N (L2 reuse of the B panels)
@@ -97,8 +98,10 @@ def matmul_refusal(problem: ContractionProblem, config: TileConfig, target: Targ
     if problem.out_dtype != "float32":
         return f"output dtype {problem.out_dtype}: the contraction kernels write f32"
     wants = "tf32" if problem.operand_dtype == "float32" else ELEMENT[problem.operand_dtype]
-    if config.mma.split("_")[-2 if config.is_wgmma else 2] != wants:
+    if config.mma.split("_")[-2 if config.is_wgmma else 2].removesuffix("x3") != wants:
         return f"{config.mma} does not take {problem.operand_dtype} operands"
+    if wants == "tf32" and problem.precision == "highest" and "tf32x3" not in config.mma:
+        return f"{config.mma} rounds operands to TF32; precision 'highest' needs mma_sync_tf32x3_16x8x8"
     if config.is_wgmma and not target.has("wgmma"):
         return f"{config.mma} needs wgmma, which {target.name} ({target.arch}) lacks"
     if not config.is_wgmma and wants != "tf32":
@@ -183,7 +186,12 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
                                                                 PERSISTENT_MIN_WAVES)
     if persistent and not resident:
         raise LoweringError(f"{config} has no persistent form for {problem} on {target.name}")
-    staged = config.is_wgmma and problem.n % 4 == 0 and staging_bytes(config) <= target.smem_per_block_optin
+    if not stages_c(epilogue):  # the persistent form's stores go through the staging tile
+        if persistent:
+            raise LoweringError(f"{config} has no persistent form for an epilogue storing {epilogue.out}")
+        resident = 0
+    staged = config.is_wgmma and problem.n % 4 == 0 and staging_bytes(config) <= target.smem_per_block_optin \
+        and stages_c(epilogue)
     ring_bytes = smem_bytes
     if resident:
         smem_bytes = ring_bytes + staging_bytes(config)
@@ -210,7 +218,8 @@ def matmul_module(problem: ContractionProblem, config: TileConfig, target: Targe
     schedule = f"matmul[{family.__name__.rsplit('_', 1)[-1]}] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
                f"{problem.operand_dtype} a={problem.a_layout}{'/split_k' if problem.a_split_k else ''} " \
                f"b={problem.b_layout} {config}" \
-               f"{' store=bulk' if staged and not resident else ''}{' persistent store=async' if resident else ''}"
+               f"{' store=bulk' if staged and not resident else ''}{' persistent store=async' if resident else ''}" \
+               f"{epilogue_label(epilogue)}"
     return GpuModule(name, text, grid, (threads, 1, 1), smem_bytes, schedule)
 
 
@@ -239,8 +248,14 @@ def _pingpong_module(problem, config, target, epilogue, name, a, b, tiles_m, til
                         tensor_maps=names)
     schedule = f"matmul[tma-pingpong] {problem.batch}x{problem.m}x{problem.n}x{problem.k} " \
                f"{problem.operand_dtype} a={problem.a_layout} b={problem.b_layout} {config}" \
-               f"{' store=tma' if staged else ''}"
+               f"{' store=tma' if staged else ''}{epilogue_label(epilogue)}"
     return GpuModule(name, text, grid, (threads, 1, 1), smem_bytes, schedule, tensor_maps=maps)
+
+
+def epilogue_label(epilogue: MatmulEpilogue) -> str:
+    """The epilogue's steps as the schedule prints them (nothing for the plain store of f32)."""
+    names = {"bias": f"bias({epilogue.bias})", "residual": f"residual({epilogue.residual})"}
+    return f" epilogue={','.join(names.get(s, s) for s in epilogue.steps)}" if epilogue.steps else ""
 
 
 def _module_text(name: str, memrefs: dict, lines: list[str], threads: int, target: Target, attributes: str,
@@ -261,7 +276,8 @@ def _module_text(name: str, memrefs: dict, lines: list[str], threads: int, targe
 
 
 def default_name(problem: ContractionProblem, config: TileConfig, epilogue: MatmulEpilogue) -> str:
-    extras = "".join(["_bias" if epilogue.bias else "", "_res" if epilogue.residual else ""])
+    extras = "".join(["_bias" if epilogue.bias else "", "_res" if epilogue.residual else "",
+                      f"_to_{ELEMENT[epilogue.out]}" if epilogue.converts else ""])
     text = (f"matmul_{ELEMENT[problem.operand_dtype]}_{problem.a_layout[0]}{problem.b_layout[0]}_"
             f"{problem.batch}x{problem.m}x{problem.n}x{problem.k}_{config.block_m}x{config.block_n}x{config.block_k}"
             f"_w{config.warps_m}x{config.warps_n}_s{config.stages}{extras}")
@@ -275,7 +291,7 @@ def _parameters(problem: ContractionProblem, epilogue: MatmulEpilogue) -> dict:
         params["bias"] = ("%bias", f"memref<{p.n}x{ELEMENT[epilogue.bias]}>")
     if epilogue.residual:
         params["residual"] = ("%residual", f"memref<{p.batch * p.m * p.n}x{ELEMENT[epilogue.residual]}>")
-    params["c"] = ("%c", f"memref<{p.batch * p.m * p.n}xf32>")
+    params["c"] = ("%c", f"memref<{p.batch * p.m * p.n}x{ELEMENT[epilogue.out]}>")
     return params
 
 

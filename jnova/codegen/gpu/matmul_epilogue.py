@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from jnova.codegen.gpu.emitter import GpuEmitter
 from jnova.codegen.gpu.matmul_smem import OperandTile, TileCopier, ix_add
-from jnova.passes.configure_tiles import ContractionProblem, TileConfig
+from jnova.passes.configure.problem import ContractionProblem
+from jnova.passes.configure.tile_config import TileConfig
 
 ELEMENT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -29,16 +30,44 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 @dataclass(frozen=True)
 class MatmulEpilogue:
-    """What the epilogue adds to the accumulators before the store: dtypes of the extra inputs."""
+    """What the epilogue does to the accumulators before the store: dtypes of the extra inputs, and
+    `steps`, in order: "bias", "residual" (f32 adds) and conversions "to:<dtype>" of the value (a
+    rounding to bf16 or f16, a widening back to f32). C is stored in the dtype the last conversion
+    leaves (`out`). Without `steps`, the bias then the residual are added to the f32 accumulators."""
 
     bias: str | None = None  # a [N] vector added to every row
     residual: str | None = None  # a [batch, M, N] array added elementwise
+    steps: tuple[str, ...] | None = None
 
     def __post_init__(self):
         for name in ("bias", "residual"):
             dtype = getattr(self, name)
             if dtype is not None and dtype not in ELEMENT:
                 raise ValueError(f"MatmulEpilogue.{name}={dtype!r}; expected one of {list(ELEMENT)} or None")
+        if self.steps is None:
+            object.__setattr__(self, "steps", tuple(n for n in ("bias", "residual") if getattr(self, n)))
+        dtype = "float32"
+        for step in self.steps:
+            if step in ("bias", "residual"):
+                if getattr(self, step) is None or dtype != "float32":
+                    raise ValueError(f"MatmulEpilogue: step {step!r} needs the {step}'s dtype and an f32 value "
+                                     f"(steps {self.steps})")
+            elif step.removeprefix("to:") in ELEMENT and step.startswith("to:"):
+                dtype = step.removeprefix("to:")
+            else:
+                raise ValueError(f"MatmulEpilogue: unknown step {step!r}; expected 'bias', 'residual' or 'to:<dtype>'")
+        if sorted(n for n in ("bias", "residual") if getattr(self, n)) != sorted(
+                s for s in self.steps if s in ("bias", "residual")):
+            raise ValueError(f"MatmulEpilogue: each of bias and residual is given once and added once ({self})")
+
+    @property
+    def out(self) -> str:
+        """The dtype C is stored in."""
+        return next((s.removeprefix("to:") for s in reversed(self.steps) if s.startswith("to:")), "float32")
+
+    @property
+    def converts(self) -> bool:
+        return any(s.startswith("to:") for s in self.steps)
 
 
 @dataclass
@@ -101,8 +130,8 @@ def copy_ahead(ctx: Context, copiers: list[TileCopier], ahead: int, k_tiles: int
 
 
 def store_fragments(ctx: Context, epilogue: MatmulEpilogue, fragments: list[Fragment]) -> None:
-    """bias + residual + store of every fragment; unmasked (8-byte vectors) when the block tile lies
-    inside C, masked per element otherwise."""
+    """The epilogue's steps (bias, residual, conversions) and the store of every fragment; unmasked
+    (a vector of the pair) when the block tile lies inside C, masked per element otherwise."""
     em, p, cfg = ctx.em, ctx.problem, ctx.config
     interior_m = em.op(f"arith.cmpi ule, {em.op(f'arith.addi {ctx.m0}, {em.index(cfg.block_m)} : index')}, "
                        f"{em.index(p.m)} : index")
@@ -126,13 +155,20 @@ def store_fragments(ctx: Context, epilogue: MatmulEpilogue, fragments: list[Frag
 STAGE_PAD = 8  # floats after each staged row (see the module docstring)
 
 
+def stages_c(epilogue: MatmulEpilogue) -> bool:
+    """Whether C may leave through the f32 staging tile: the epilogue stores f32."""
+    return epilogue.out == "float32"
+
+
 def staging_bytes(config: TileConfig) -> int:
     """Shared memory a staged epilogue needs: the block tile of C in f32, rows padded."""
     return config.block_m * (config.block_n + STAGE_PAD) * 4
 
 
 def _store_staged(ctx: Context, epilogue: MatmulEpilogue, fragments: list[Fragment], c_base: str) -> None:
-    """The block tile through shared memory, then a bulk copy per row (an interior tile: no masks)."""
+    """The block tile through shared memory, then a bulk copy per row (an interior tile: no masks); C
+    in f32 only (`stages_c`)."""
+    assert epilogue.out == "float32", epilogue
     em, p, cfg = ctx.em, ctx.problem, ctx.config
     width = cfg.block_n + STAGE_PAD
     tile_type = f"memref<{cfg.block_m * width}xf32, #gpu.address_space<workgroup>>"
@@ -184,23 +220,33 @@ def _pair_value(ctx: Context, epilogue: MatmulEpilogue, f: Fragment, c_base: str
         ok1 = em.op(f"arith.andi {row_ok}, {em.op(f'arith.cmpi ult, {col1}, {em.index(p.n)} : index')} : i1")
         mask = em.op(f"vector.from_elements {ok0}, {ok1} : vector<2xi1>")
     value = em.op(f"vector.from_elements {f.values[0]}, {f.values[1]} : vector<2xf32>")
-    if epilogue.bias:
-        value = _add_loaded(ctx, "bias", epilogue.bias, col, value, mask, 2 * BYTES[epilogue.bias])
-    if epilogue.residual:
-        nbytes = BYTES[epilogue.residual]
-        value = _add_loaded(ctx, "residual", epilogue.residual, ofs, value, mask, nbytes * (2 if p.n % 2 == 0 else 1))
+    e = "f32"
+    for step in epilogue.steps:
+        if step == "bias":
+            value = _add_loaded(ctx, "bias", epilogue.bias, col, value, mask, 2 * BYTES[epilogue.bias])
+        elif step == "residual":
+            nbytes = BYTES[epilogue.residual]
+            value = _add_loaded(ctx, "residual", epilogue.residual, ofs, value, mask,
+                                nbytes * (2 if p.n % 2 == 0 else 1))
+        else:  # a conversion: f32 to a 16-bit float rounds to nearest even, 16-bit to f32 is exact
+            to = ELEMENT[step.removeprefix("to:")]
+            if to != e:
+                how = "arith.truncf" if to != "f32" else "arith.extf"
+                value = em.op(f"{how} {value} : vector<2x{e}> to vector<2x{to}>")
+                e = to
     return value, mask, ofs
 
 
 def _store_pair(ctx: Context, epilogue: MatmulEpilogue, f: Fragment, c_base: str, masked: bool) -> None:
     em, p = ctx.em, ctx.problem
     value, mask, ofs = _pair_value(ctx, epilogue, f, c_base, masked)
-    pair_align = 8 if p.n % 2 == 0 else 4
+    e = ELEMENT[epilogue.out]
+    pair_align = 2 * BYTES[epilogue.out] if p.n % 2 == 0 else BYTES[epilogue.out]
     c, c_type = ctx.memrefs["c"]
     if mask is None:
-        em.line(f"vector.store {value}, {c}[{ofs}] {{alignment = {pair_align}}} : {c_type}, vector<2xf32>")
+        em.line(f"vector.store {value}, {c}[{ofs}] {{alignment = {pair_align}}} : {c_type}, vector<2x{e}>")
     else:
-        em.line(f"vector.maskedstore {c}[{ofs}], {mask}, {value} : {c_type}, vector<2xi1>, vector<2xf32>")
+        em.line(f"vector.maskedstore {c}[{ofs}], {mask}, {value} : {c_type}, vector<2xi1>, vector<2x{e}>")
 
 
 def _add_loaded(ctx: Context, param: str, dtype: str, ofs: str, value: str, mask: str | None, align: int) -> str:

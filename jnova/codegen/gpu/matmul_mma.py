@@ -18,7 +18,9 @@ ldmatrix.trans, which moves 16-bit halves and is wrong for 32-bit data (report, 
 read with 32-bit scalar loads, conflict-free under the `rows4x2` swizzle (lanes t = 0..3 read rows
 whose chunks the swizzle moves apart by 2, lanes g = 0..7 two adjacent chunks). An N-major B whose
 warp pieces are whole 64-column groups is read 16 bytes at a time instead, with N permuted inside
-each group (`permutes_n`). Operands are rounded to TF32 (cvt.rna) in registers, as XLA does.
+each group (`permutes_n`). Operands are rounded to TF32 (cvt.rna) in registers, as XLA does; with
+`mma_sync_tf32x3_16x8x8` (precision "highest") each word is split there into a TF32 value and a TF32
+remainder instead, and each k8 step issues three products per tile (`split_tf32.PRODUCTS`).
 To save registers, every fragment address is a per-lane anchor plus a constant (`at` in
 `_fragment_offsets`): the swizzle only sees rows modulo 4 or 8 and whole panels.
 """
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 
 from jnova.codegen.gpu.matmul_epilogue import Context, Fragment, batch_strides, copy_ahead, copy_tile
 from jnova.codegen.gpu.matmul_smem import TileCopier, ix_add, ix_op
-from jnova.codegen.linalg.lowering import LoweringError
+from jnova.codegen.gpu.split_tf32 import PRODUCTS, emit_round, emit_split
+from jnova.errors import LoweringError
 
 MMA_M, MMA_N, MMA_K = 16, 8, 8
 ACC = "vector<2x2xf32>"
@@ -105,14 +108,18 @@ def main_loop(ctx: Context) -> list[Fragment]:
         a_stage = em.op(f"arith.muli {stage}, {em.index(ctx.a.mn * ctx.a.bk)} : index")
         b_stage = em.op(f"arith.muli {stage}, {em.index(ctx.b.mn * ctx.b.bk)} : index")
         new = list(accs)
+        split = "tf32x3" in cfg.mma
         for ks in range(cfg.block_k // MMA_K):
-            a_frags = _load_a(ctx, a_reads[ks], a_stage)
-            b_frags = _load_b(ctx, b_reads[ks], b_stage, nt)
-            for i in range(mt):
-                for j in range(nt):
-                    new[i * nt + j] = em.op(f"nvgpu.mma.sync({a_frags[i]}, {b_frags[j]}, {new[i * nt + j]}) "
-                                            f"{{mmaShape = [{MMA_M}, {MMA_N}, {MMA_K}], tf32Enabled}} : "
-                                            f"(vector<4x1xf32>, vector<2x1xf32>, {ACC}) -> {ACC}")
+            a_frags = _load_a(ctx, a_reads[ks], a_stage, split)
+            b_frags = _load_b(ctx, b_reads[ks], b_stage, nt, split)
+            products = PRODUCTS if split else (("hi", "hi"),)
+            for pa, pb in products:  # one product over all tiles, then the next: independent mma in flight
+                for i in range(mt):
+                    for j in range(nt):
+                        a_frag, b_frag = a_frags[i][PART[pa]], b_frags[j][PART[pb]]
+                        new[i * nt + j] = em.op(f"nvgpu.mma.sync({a_frag}, {b_frag}, {new[i * nt + j]}) "
+                                                f"{{mmaShape = [{MMA_M}, {MMA_N}, {MMA_K}], tf32Enabled}} : "
+                                                f"(vector<4x1xf32>, vector<2x1xf32>, {ACC}) -> {ACC}")
         em.line(f"scf.yield {', '.join(new)} : {types}")
     em.line("nvvm.cp.async.wait.group 0")  # copies past the last tile must land before the block exits
     return _fragments(ctx, [f"{result}#{i}" for i in range(len(accs))], m_base, n_base, lane, mt, nt)
@@ -186,8 +193,17 @@ def _sum(em, terms) -> str:
     return total
 
 
-def _load_a(ctx: Context, reads: list, stage: str) -> list[str]:
-    """The A fragments (vector<4x1xf32>, TF32-rounded) of one k8 step, one per m16 tile."""
+PART = {"hi": 0, "lo": 1}
+
+
+def _parts(em, words: list[str], split: bool) -> list[list[str]]:
+    """[hi] (TF32-rounded words) or [hi, lo] (the split of `split_tf32`)."""
+    return list(emit_split(em, words)) if split else [emit_round(em, words)]
+
+
+def _load_a(ctx: Context, reads: list, stage: str, split: bool = False) -> list[tuple[str, ...]]:
+    """The A fragments (vector<4x1xf32> of TF32 values) of one k8 step, one per m16 tile: (hi,) or
+    (hi, lo) each."""
     em, ring, ring_type = ctx.em, ctx.a_ring, ctx.a.memref(ctx.config.stages)
     frags = []
     for read in reads:
@@ -195,12 +211,14 @@ def _load_a(ctx: Context, reads: list, stage: str) -> list[str]:
             words = [em.op(f"memref.load {ring}[{ix_add(em, stage, w)}] : {ring_type}") for w in read]
         else:
             words = _ldmatrix(em, ring, ring_type, ix_add(em, stage, read), 4)
-        frags.append(em.op(f"vector.from_elements {', '.join(_tf32(em, words))} : vector<4x1xf32>"))
+        frags.append(tuple(em.op(f"vector.from_elements {', '.join(part)} : vector<4x1xf32>")
+                           for part in _parts(em, words, split)))
     return frags
 
 
-def _load_b(ctx: Context, reads: list, stage: str, nt: int) -> list[str]:
-    """The B fragments (vector<2x1xf32>, TF32-rounded) of one k8 step, one per n8 tile."""
+def _load_b(ctx: Context, reads: list, stage: str, nt: int, split: bool = False) -> list[tuple[str, ...]]:
+    """The B fragments (vector<2x1xf32> of TF32 values) of one k8 step, one per n8 tile: (hi,) or
+    (hi, lo) each."""
     em, ring, ring_type = ctx.em, ctx.b_ring, ctx.b.memref(ctx.config.stages)
     frags = []
     for j, read in enumerate(reads):
@@ -209,17 +227,18 @@ def _load_b(ctx: Context, reads: list, stage: str, nt: int) -> list[str]:
             for at in read.offsets:
                 v = em.op(f"vector.load {ring}[{ix_add(em, stage, at)}] {{alignment = 16}} : {ring_type}, vector<4xf32>")
                 words += [em.op(f"vector.extract {v}[{w}] : f32 from vector<4xf32>") for w in range(4)]
-            words = _tf32(em, words)
+            parts = _parts(em, words, split)
             for jj in range(8):
-                frags.append(em.op(f"vector.from_elements {words[jj]}, {words[8 + jj]} : vector<2x1xf32>"))
+                frags.append(tuple(em.op(f"vector.from_elements {p[jj]}, {p[8 + jj]} : vector<2x1xf32>")
+                                   for p in parts))
             continue
         if isinstance(read, tuple):  # two scalar words
             words = [em.op(f"memref.load {ring}[{ix_add(em, stage, w)}] : {ring_type}") for w in read]
         else:  # one ldmatrix for two n8 tiles (for one at an odd end)
             words = _ldmatrix(em, ring, ring_type, ix_add(em, stage, read), 4 if 2 * j + 1 < nt else 2)
-        words = _tf32(em, words)
+        parts = _parts(em, words, split)
         for w in range(0, len(words), 2):
-            frags.append(em.op(f"vector.from_elements {words[w]}, {words[w + 1]} : vector<2x1xf32>"))
+            frags.append(tuple(em.op(f"vector.from_elements {p[w]}, {p[w + 1]} : vector<2x1xf32>") for p in parts))
     return frags
 
 
@@ -227,15 +246,6 @@ def _ldmatrix(em, ring: str, ring_type: str, at: str, count: int) -> list[str]:
     x = em.op(f"nvgpu.ldmatrix {ring}[{at}] {{numTiles = {count} : i32, transpose = false}} : {ring_type} "
               f"-> vector<{count}x1xf32>")
     return [em.op(f"vector.extract {x}[{w}, 0] : f32 from vector<{count}x1xf32>") for w in range(count)]
-
-
-def _tf32(em, words: list[str]) -> list[str]:
-    """Round to TF32 (nearest, ties away: cvt.rna), as the tensor cores would otherwise truncate."""
-    rounded = []
-    for w in words:
-        bits = em.op(f"nvvm.convert.float.to.tf32 {w} {{rnd = #nvvm.fp_rnd_mode<rna>}}")
-        rounded.append(em.op(f"arith.bitcast {bits} : i32 to f32"))
-    return rounded
 
 
 def _fragments(ctx: Context, accs: list[str], m_base: str, n_base: str, lane: str, mt: int, nt: int) -> list[Fragment]:

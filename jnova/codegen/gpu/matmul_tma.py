@@ -49,7 +49,7 @@ from jnova.codegen.gpu import matmul_wgmma
 from jnova.codegen.gpu.launch import TensorMap
 from jnova.codegen.gpu.matmul_epilogue import Context, MatmulEpilogue, batch_strides, pointer, store_fragments
 from jnova.codegen.gpu.matmul_smem import PANEL_BYTES, ix_add, ix_op
-from jnova.passes.configure_tiles import pingpong_refusal
+from jnova.passes.configure.warp_specialized import pingpong_refusal
 
 THREADS = 384  # a producer warpgroup and two consumer warpgroups
 LAUNCH_REGS = 168  # 65536 registers / 384 threads, in whole multiples of 8
@@ -83,9 +83,9 @@ def smem_bytes(ring_bytes: int, stages: int, config=None) -> int:
 
 def stores_by_tma(problem, epilogue) -> bool:
     """C leaves through TMA when its rows are whole 16-byte units (a tensor map's strides) and the
-    epilogue adds nothing: with bias or residual loads the staged form spilled (80-116 B on GPT-2's
-    projections, ptxas), the stores from registers did not."""
-    return problem.n % 4 == 0 and not (epilogue.bias or epilogue.residual)
+    epilogue does nothing (C in f32 as accumulated): with bias or residual loads the staged form
+    spilled (80-116 B on GPT-2's projections, ptxas), the stores from registers did not."""
+    return problem.n % 4 == 0 and not epilogue.steps
 
 
 def refusal(problem, config) -> str | None:

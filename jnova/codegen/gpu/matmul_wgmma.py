@@ -33,7 +33,7 @@ import math
 
 from jnova.codegen.gpu.matmul_epilogue import Context, Fragment, batch_strides, copy_ahead, copy_tile
 from jnova.codegen.gpu.matmul_smem import PANEL_BYTES, TileCopier, ix_add, ix_op
-from jnova.codegen.linalg.lowering import LoweringError
+from jnova.errors import LoweringError
 
 WGMMA_M = 64
 SWIZZLE_128B = 1  # descriptor layout type (bits 62-63)

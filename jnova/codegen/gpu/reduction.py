@@ -18,11 +18,11 @@ from jnova.codegen.gpu.emitter import (GpuEmitter, GpuModule, gpu_module_text, k
                                        scalar_constant, widen_for_exchange)
 from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, unsupported_op, widest_vector
 from jnova.codegen.linalg.emitter import compute_dtype, element
-from jnova.codegen.linalg.lowering import LoweringError
+from jnova.errors import LoweringError
 from jnova.codegen.linalg.rules_reduce import combine, reduce_init
 from jnova.dialect.ops import ReduceOp
 from jnova.dialect.types import bitwidth
-from jnova.passes.form_kernels import Kernel
+from jnova.passes.plan import Kernel
 from jnova.runtime.target import Target
 
 WARP = 32

@@ -16,7 +16,7 @@ with `scf.if`, so only the element read is computed.
 from __future__ import annotations
 
 from jnova.codegen.linalg.emitter import element
-from jnova.codegen.linalg.rules_index import _all, _clamp, _const, _in_range, _window_at
+from jnova.codegen.index_arith import all_of, clamp, constant, in_range, window_at
 from jnova.dialect.ir import Op
 from jnova.dialect.ops import ConcatenateOp, DynamicSliceOp, GatherOp, PadOp, ReverseOp, SliceOp, TransposeOp
 from jnova.dialect.types import UNSIGNED_DTYPES
@@ -124,7 +124,7 @@ def _pad(ev, op, p):
         inside.append(em.op(f"arith.andi {on_grid}, {within} : i1"))
     if not inside:
         return ev.read(x, reads, p.lanes)
-    return ev.branch(_all(em.scalar(), inside), out.dtype, p.lanes,
+    return ev.branch(all_of(em.scalar(), inside), out.dtype, p.lanes,
                      lambda child: child.read(x, reads, p.lanes), lambda child: [pad] * p.lanes)
 
 
@@ -159,7 +159,7 @@ def _dynamic_slice(ev, op, p):
             reads.append(c)
             continue
         raw = _index_i64(s, ev.lanes(start, ev.uniform((), 1))[0], start.type.dtype)
-        first = _clamp(s, raw, hi, start.type.dtype in UNSIGNED_DTYPES)
+        first = clamp(s, raw, hi, start.type.dtype in UNSIGNED_DTYPES)
         reads.append(em.op(f"arith.addi {c}, {first} : index"))
     return ev.read(x, reads, p.lanes)
 
@@ -175,16 +175,16 @@ def _gather(ev, op, p):
     for k, d in enumerate(a["start_index_map"]):  # as rules_index's gather
         raw = _index_i64(s, ev.read(indices, batch + [em.index(k)])[0], it.dtype)
         hi = xt.shape[d] - a["slice_sizes"][d]
-        start[d] = _clamp(s, raw, hi, it.dtype in UNSIGNED_DTYPES)
+        start[d] = clamp(s, raw, hi, it.dtype in UNSIGNED_DTYPES)
         if a["mode"] == "fill":
-            valid.append(_in_range(s, raw, hi))
+            valid.append(in_range(s, raw, hi))
     for d, bd in zip(a["operand_batching_dims"], a["start_indices_batching_dims"]):
         start[d] = batch[bd]
     offsets = {d: coords[o] for d, o in zip(window_dims, a["offset_dims"])}
-    values = ev.read(x, _window_at(s, xt.rank, start, offsets), p.lanes)
+    values = ev.read(x, window_at(s, xt.rank, start, offsets), p.lanes)
     if not valid:
         return values
-    ok, fill, e = _all(s, valid), _const(s, a["fill"], xt.dtype), element(xt.dtype)
+    ok, fill, e = all_of(s, valid), constant(s, a["fill"], xt.dtype), element(xt.dtype)
     return [s.op(f"arith.select {ok}, {v}, {fill} : {e}") for v in values]
 
 

@@ -27,10 +27,10 @@ from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, gpu_module_text, ke
 from jnova.codegen.gpu.evaluate import Evaluator, Point, reads_at_own_offsets, unsupported_op, widest_vector
 from jnova.codegen.gpu.reduction import MIN_BLOCK, WARP, _across_warps, _butterfly, sized, sized_dims
 from jnova.codegen.linalg.emitter import compute_dtype, element
-from jnova.codegen.linalg.lowering import LoweringError
+from jnova.errors import LoweringError
 from jnova.codegen.linalg.rules_reduce import combine, reduce_init
 from jnova.dialect.ops import BroadcastOp, ConvertOp, ElementwiseOp, ReduceOp, ReshapeOp, SelectOp
-from jnova.passes.form_kernels import Kernel
+from jnova.passes.plan import Kernel
 from jnova.runtime.target import Target
 
 MAX_SLOTS = 8  # vector groups a thread holds per value: 32 f32 registers at 16-byte vectors

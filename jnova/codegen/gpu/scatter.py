@@ -17,11 +17,11 @@ from jnova.codegen.gpu.elementwise import BLOCK, BLOCKS_PER_SM
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, flat_memref, global_thread, gpu_module_text, kernel_params
 from jnova.codegen.gpu.evaluate import Evaluator, Point
 from jnova.codegen.linalg.emitter import element
-from jnova.codegen.linalg.lowering import LoweringError
-from jnova.codegen.linalg.rules_index import _all, _clamp, _in_range, _window_at
+from jnova.errors import LoweringError
+from jnova.codegen.index_arith import all_of, clamp, in_range, window_at
 from jnova.dialect.ops import ScatterOp
 from jnova.dialect.types import UNSIGNED_DTYPES
-from jnova.passes.form_kernels import Kernel
+from jnova.passes.plan import Kernel
 from jnova.runtime.target import Target
 
 ATOMIC_ADD = {"float32": "addf", "int32": "addi", "uint32": "addi", "int64": "addi", "uint64": "addi"}
@@ -89,17 +89,17 @@ def _add_one(em: GpuEmitter, op: ScatterOp, ev: Evaluator, out: str, u: Point) -
         if it.dtype not in ("int64", "uint64"):
             ext = "extui" if it.dtype in UNSIGNED_DTYPES else "extsi"
             raw = s.op(f"arith.{ext} {raw} : {element(it.dtype)} to i64")
-        start[d] = _clamp(s, raw, xt.shape[d] - window[d], it.dtype in UNSIGNED_DTYPES)
+        start[d] = clamp(s, raw, xt.shape[d] - window[d], it.dtype in UNSIGNED_DTYPES)
         if a["mode"] != "clip":
-            valid.append(_in_range(s, raw, xt.shape[d] - window[d]))
+            valid.append(in_range(s, raw, xt.shape[d] - window[d]))
     for d, bd in zip(a["operand_batching_dims"], a["scatter_indices_batching_dims"]):
         start[d] = batch[bd]
     offsets = dict(zip(window_dims, [coords[w] for w in a["update_window_dims"]]))
-    at = ev.flat(Point(xt.shape, 1, True, coords=_window_at(s, xt.rank, start, offsets)))
+    at = ev.flat(Point(xt.shape, 1, True, coords=window_at(s, xt.rank, start, offsets)))
     value = ev.lanes(updates, u)[0]
     rmw = f"memref.atomic_rmw {ATOMIC_ADD[xt.dtype]} {value}, {out}[{at}] : ({element(xt.dtype)}, {flat_memref(xt)}) -> {element(xt.dtype)}"
     if not valid:
         em.op(rmw)
         return
-    with em.region(f"scf.if {_all(s, valid)} {{"):
+    with em.region(f"scf.if {all_of(s, valid)} {{"):
         em.op(rmw)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, flat_memref, gpu_module_text, kernel_params
 from jnova.codegen.linalg.emitter import element
-from jnova.codegen.linalg.lowering import LoweringError
+from jnova.errors import LoweringError
 from jnova.dialect.types import itemsize
-from jnova.passes.form_kernels import Kernel
+from jnova.passes.plan import Kernel
 from jnova.runtime.target import Target
 
 TILE = 64  # rows and columns of a block's tile

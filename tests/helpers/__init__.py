@@ -1,0 +1,1 @@
+"""Helpers the test modules share (a test module never imports another one)."""

@@ -1,6 +1,12 @@
 """Where a GPT-2 training step's GPU time goes: jnova's kernels by family, or XLA's, from a profile.
 
     python benchmarks/profile_step.py --impl jnova --dtype float32 [--batch 8 --seq 1024 --steps 3]
+    python benchmarks/profile_step.py --impl jnova --dtype bfloat16 --flax-attention cudnn
+
+Without --flax-attention the step is benchmarks/gpt2_step.py's (the f32 model; bf16 through jnova's
+`mixed_precision="bf16"`). With it, the step is benchmarks/compare.py's: the Flax model computing in
+`--dtype` (vocabulary padded to 50304, AdamW with clipping, attention "xla", "cudnn" or "manual"), compiled
+with plain `jnova.compile` or `jax.jit`, as a JAX user writes it.
 
 Runs the step a few times under `jax.profiler.trace` (Perfetto trace), sums the GPU time of every
 kernel per step and prints the kernels that take the most, and (jnova) the total per kernel family
@@ -75,13 +81,47 @@ def families(launch_table: str) -> dict[str, str]:
     return out
 
 
+def flax_setup(dtype: str, attention: str, batch: int, seq: int, layers: int):
+    """compare.py's step: (train step, its arguments), params and optimizer state not donated (the
+    profile calls the step again on the same arguments)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "gpt2"))
+    import model as gpt2
+
+    config = gpt2.GPTConfig.gpt2_124m(dtype=gpt2.DTYPES[dtype], attention=attention, n_layer=layers)
+    module = gpt2.GPT(config)
+    optimizer = gpt2.make_optimizer(gpt2.lr_schedule(6e-4, 6e-5, 100, 10_000), 0.1, clip_norm=1.0)
+    params = gpt2.init_params(module, jax.random.key(0), seq)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, gpt2.GPT2_VOCAB, (batch, seq + 1)), jnp.int32)
+    return gpt2.make_train_step(module, optimizer), (params, optimizer.init(params), tokens[:, :-1], tokens[:, 1:])
+
+
+def flax_compile(impl: str, dtype: str, step, batch):
+    if impl == "jnova":
+        import jnova
+
+        compiled = jnova.compile(step)
+        compiled.lower(*batch).compile()
+        return compiled, compiled
+    with jax.default_matmul_precision("tensorfloat32" if dtype == "float32" else "default"):
+        return jax.jit(step).lower(*batch).compile(), None
+
+
 def main():
     p = parser(steps=3)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--flax-attention", choices=["xla", "cudnn", "manual"],
+                   help="profile compare.py's Flax step with this attention instead of gpt2_step.py's")
     args = p.parse_args()
 
-    config, step, batch = setup(args.batch, args.seq, args.layers)
-    run, compiled = compile_step(args.impl, args.dtype, step, batch)
+    if args.flax_attention:
+        step, batch = flax_setup(args.dtype, args.flax_attention, args.batch, args.seq, args.layers)
+        run, compiled = flax_compile(args.impl, args.dtype, step, batch)
+    else:
+        config, step, batch = setup(args.batch, args.seq, args.layers)
+        run, compiled = compile_step(args.impl, args.dtype, step, batch)
     family = {}
     if compiled is not None:
         lowered = compiled.lower(*batch)
@@ -98,7 +138,8 @@ def main():
         print(f"  {name:28s} {t / args.steps / 1e3:8.2f} ms  {100 * t / args.steps / total:5.1f}%")
     for name, t in rows[:args.top]:
         print(f"  {t / args.steps / 1e3:8.3f} ms  x{counts[name] // args.steps:<4d} {family.get(name, '')[:20]:20s} {name[:90]}")
-    record = {"impl": args.impl, "dtype": args.dtype, "case": f"B{args.batch}xT{args.seq}xL{args.layers}",
+    case = f"B{args.batch}xT{args.seq}xL{args.layers}" + (f"/flax-{args.flax_attention}" if args.flax_attention else "")
+    record = {"impl": args.impl, "dtype": args.dtype, "case": case,
               "device": jax.devices()[0].device_kind, "date": datetime.date.today().isoformat(),
               "jax": jax.__version__, "jnova": os.environ.get("JNOVA_SHA", "unknown"), "gpu_ms_per_step": total / 1e3,
               "launches_per_step": sum(counts.values()) // args.steps,
@@ -106,7 +147,8 @@ def main():
               "top_kernels": [{"name": n, "ms": t / args.steps / 1e3, "launches": counts[n] // args.steps,
                                "family": family.get(n, "")} for n, t in rows[:args.top]]}
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], f"profile-{args.impl}-{args.dtype}.json"), "w") as f:
+        suffix = f"-flax-{args.flax_attention}" if args.flax_attention else ""
+        with open(os.path.join(os.environ["OUT"], f"profile-{args.impl}-{args.dtype}{suffix}.json"), "w") as f:
             json.dump(record, f, indent=1)
 
 

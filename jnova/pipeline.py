@@ -30,7 +30,8 @@ against it and against the calls):
     align_contractions   per-group plans: contraction operands in whole 16-byte rows
     split_contractions   GPU: contractions whose tiles leave SMs idle as partial products over K
     transpose_reductions  GPU: a reduction over middle dims reads its operand transposed (leading or innermost)
-    split_reductions     GPU: reductions into fewer rows than SMs as partial reductions, then their sum
+    split_reductions     GPU: reductions into fewer rows than SMs, or into few columns over many rows, as
+                         partial reductions, then their sum
     transpose_operands   GPU: TF32 operands made K-major where a transpose kernel pays for itself
     fuse                 fusion groups, with a reason for every refused fusion
     view_attention_operands  per-group plans: attention kernels read q, k, v (o, do) where they lie

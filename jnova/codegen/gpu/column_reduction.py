@@ -12,7 +12,8 @@ contiguous column segments of at least 32 bytes. Each thread folds every `row_la
 group into `vector` registers; the threads then write their partial values to shared memory and, after
 one barrier, the last row lane of each group folds the group's `row_lanes` partials in row-lane order
 and applies the epilogue. Columns are split over as many blocks as keep segments >= 32 bytes, up to
-one block per SM. No atomics: every output element is written once, by one thread, so the outputs
+`COLUMN_BLOCKS_PER_SM` blocks per SM; a reduction into fewer columns than that is split over its rows
+first (`passes/split_reductions.py`). No atomics: every output element is written once, by one thread, so the outputs
 need no initialisation. Accumulation is in f32 for 16-bit floats and max/min propagate NaN, as on the
 CPU path (`rules_reduce.py`'s `reduce_init` and `combine`).
 """
@@ -30,6 +31,7 @@ from jnova.errors import LoweringError
 from jnova.codegen.linalg.rules_reduce import combine, reduce_init
 from jnova.dialect.ops import ReduceOp
 from jnova.dialect.types import bitwidth, itemsize
+from jnova.passes.configure.reduction_split import COLUMN_BLOCKS_PER_SM
 from jnova.passes.plan import Kernel
 from jnova.runtime.target import Target
 
@@ -85,7 +87,7 @@ def choose_column_reduction_schedule(kernel: Kernel, target: Target) -> ColumnRe
     group_bytes = vector * max((itemsize(t.dtype) for t in types), default=4)
     min_col_threads = max(1, MIN_SEGMENT_BYTES // group_bytes)
     col_threads = MAX_COL_THREADS
-    while col_threads > min_col_threads and math.ceil(groups / col_threads) < target.sm_count:
+    while col_threads > min_col_threads and math.ceil(groups / col_threads) < COLUMN_BLOCKS_PER_SM * target.sm_count:
         col_threads //= 2
     while col_threads > 1 and col_threads // 2 >= groups:  # no block of idle column threads
         col_threads //= 2

@@ -1,5 +1,5 @@
-"""Whether a reduction into a few rows is split into partial reductions (`passes/split_reductions.py`),
-GPU plans only.
+"""Whether a reduction into a few rows, or over many rows into a few columns, is split into partial
+reductions (`passes/split_reductions.py`), GPU plans only.
 
 A row reduction gives each output row to one block (`codegen/gpu/reduction.py`: a team of up to 1024
 threads per row). A reduction into fewer rows than the GPU has SMs leaves the others idle: the sum of
@@ -39,6 +39,40 @@ def choose_reduction_splits(rows: int, cols: int, target: Target) -> int:
         return 1
     aligned = [p for p in candidates if (cols // p) % VECTOR == 0] or candidates
     return min(aligned, key=lambda p: (abs(math.log(p / want)), -p))
+
+
+# Column reductions (`codegen/gpu/column_reduction.py`): a block owns a tile of columns and reads every
+# row of it, each thread with one load in flight. The columns of a bias gradient (a [B*T, 768] bf16
+# value summed over its rows) make 48 blocks of 32-byte column segments: 48 of 132 SMs, each with 4 KB
+# in flight, about 0.2 TB/s, where the chip streams 4. Split, the value is viewed as [rows / P, P * cols]
+# (a contiguous reshape: row r' holds rows r' * P ... r' * P + P - 1) and column-reduced into P * cols
+# partial results, P times the blocks; a second column reduction sums the P partials of each column.
+COLUMN_SEGMENT_BYTES = 32  # the column kernel's narrowest tile of columns per block
+COLUMN_BLOCKS_PER_SM = 4   # blocks of 256 threads per SM the column kernel aims for: 16 KB in flight per SM
+MIN_PART_ROWS = 64         # rows per partial column reduction: its 256 threads fold at least a few rows each
+MIN_BLOCK_BYTES = 32 * 1024  # an unsplit block's share below this streams (~8 us) faster than a second launch
+
+
+def column_blocks(cols: int, item_bytes: int) -> int:
+    """The most blocks the column kernel gives `cols` columns of `item_bytes`-byte elements."""
+    return max(1, math.ceil(cols * item_bytes / COLUMN_SEGMENT_BYTES))
+
+
+def choose_column_splits(rows: int, cols: int, item_bytes: int, target: Target) -> int:
+    """Into how many partial column reductions a reduction of `rows` rows into `cols` columns is split
+    (a divisor of `rows`); 1 = not split. The fewest partials whose columns give the column kernel
+    `COLUMN_BLOCKS_PER_SM` blocks per SM, each over at least `MIN_PART_ROWS` rows (else the most that
+    keep that many rows); left whole when the columns fill the chip already or each block's share is
+    too small to outlast the second launch."""
+    want = COLUMN_BLOCKS_PER_SM * target.sm_count
+    blocks = column_blocks(cols, item_bytes)
+    if blocks >= want or rows * cols * item_bytes < MIN_BLOCK_BYTES * blocks:
+        return 1
+    candidates = [p for p in _divisors(rows) if p >= 2 and rows // p >= MIN_PART_ROWS]
+    if not candidates:
+        return 1
+    enough = [p for p in candidates if column_blocks(p * cols, item_bytes) >= want]
+    return min(enough) if enough else max(candidates)
 
 
 def _divisors(n: int) -> list[int]:

@@ -162,6 +162,19 @@ def test_parity_report_applies_the_criterion_to_saved_runs(tmp_path):
     assert parity.report(args, [0, 1]) == 1
 
 
+def test_parity_runs_a_batch_at_once_and_stops_the_runs_past_the_timeout(tmp_path, monkeypatch, capsys):
+    def command(args, compiler, seed):   # a run that takes `seed` tenths of a second, then prints its loss
+        return [sys.executable, "-c", f"import time; time.sleep({seed} / 10); print('validation loss {seed}.5')"]
+
+    monkeypatch.setattr(parity, "train_command", command)
+    args = argparse.Namespace(out=str(tmp_path), timeout=30.0)
+    assert parity.run_batch(args, [("jnova", 3), ("xla", 1)], {}) == [0, 0]
+    printed = capsys.readouterr().out
+    assert "jnova seed 3: exit 0" in printed and "validation loss 1.5" in printed
+    assert (tmp_path / "jnova-seed3.log").read_text().strip() == "validation loss 3.5"
+    args.timeout = 2.0
+    assert parity.run_batch(args, [("xla", 1), ("jnova", 600)], {}) == [0, "timeout"]
+
 def test_batches_sample_memory_mapped_shards_without_crossing_them(tmp_path):
     rng = np.random.default_rng(fresh_seed())
     parts = [rng.integers(0, 1000, n) for n in (300, 5_000, 40)]   # the last is too short for one window

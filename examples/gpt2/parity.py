@@ -1,6 +1,7 @@
 """Loss parity of jnova and jax.jit on real text: GPT-2 124M, two seeds, each compiler, the report's criterion.
 
     python examples/gpt2/parity.py [--data DIR] [--steps 300]       # on a GPU: ~3-4 min on an H200
+    python examples/gpt2/parity.py --parallel                       # the four runs at once on one GPU
     python examples/gpt2/parity.py --report-only --out DIR          # the verdict and plot from saved runs
 
 Trains GPT-2 124M (vocabulary 50304, T=1024, batch 8, Flax bf16 modules with f32 parameters, attention
@@ -98,6 +99,34 @@ def report(args, seeds: list[int]) -> int:
     return 0 if v["passed"] else 1
 
 
+def run_batch(args, runs: list[tuple[str, int]], env: dict) -> list:
+    """Run train.py for each (compiler, seed) of `runs` at once, each its own process (one GPU holds four:
+    their losses do not depend on timing); print each one's last validation loss; their exit codes."""
+    start, procs = time.perf_counter(), []
+    for compiler, seed in runs:
+        log = open(os.path.join(args.out, f"{compiler}-seed{seed}.log"), "w")
+        procs.append((compiler, seed, log, subprocess.Popen(train_command(args, compiler, seed), env=env, stdout=log,
+                                                            stderr=subprocess.STDOUT, cwd=REPO)))
+    codes = []
+    for compiler, seed, log, proc in procs:
+        try:
+            rc = proc.wait(timeout=max(1.0, args.timeout - (time.perf_counter() - start)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = "timeout"
+        log.close()
+        with open(log.name) as f:
+            lines = f.readlines()
+        vals = [line.strip() for line in lines if "validation loss" in line]
+        print(f"{compiler} seed {seed}: exit {rc} after {time.perf_counter() - start:.0f} s; "
+              f"{vals[-1] if vals else 'no validation loss'}", flush=True)
+        if rc != 0:
+            print("".join(lines[-8:]))
+        codes.append(rc)
+    return codes
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,6 +141,8 @@ def main(argv=None) -> int:
     p.add_argument("--data", default=str(PACKED_DATA) if PACKED_DATA.is_dir() else "shakespeare")
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "parity") if os.environ.get("OUT") else None)
     p.add_argument("--timeout", type=float, default=240, help="seconds per run")
+    p.add_argument("--parallel", action="store_true",
+                   help="the four runs at once on one GPU (an H200 holds them; --timeout is for all four)")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
     args.out = args.out or tempfile.mkdtemp(prefix="gpt2-parity-")
@@ -129,24 +160,11 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.setdefault("JNOVA_CACHE_DIR", tempfile.mkdtemp(prefix="gpt2-parity-cache-"))   # seed 2 reuses seed 1's kernels
-    for seed in args.seeds:
-        for compiler in COMPILERS:
-            start = time.perf_counter()
-            log = os.path.join(args.out, f"{compiler}-seed{seed}.log")
-            with open(log, "w") as f:
-                try:
-                    rc = subprocess.run(train_command(args, compiler, seed), env=env, stdout=f, stderr=subprocess.STDOUT,
-                                        timeout=args.timeout, cwd=REPO).returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
-            with open(log) as f:
-                vals = [line.strip() for line in f if "validation loss" in line]
-            print(f"{compiler} seed {seed}: exit {rc} in {time.perf_counter() - start:.0f} s; "
-                  f"{vals[-1] if vals else 'no validation loss'}", flush=True)
-            if rc != 0:
-                with open(log) as f:
-                    print("".join(f.readlines()[-8:]))
-                return 1
+    runs = [(compiler, seed) for seed in args.seeds for compiler in COMPILERS]
+    batches = [runs] if args.parallel else [[run] for run in runs]
+    for batch in batches:
+        if not all(rc == 0 for rc in run_batch(args, batch, env)):
+            return 1
     return report(args, args.seeds)
 
 

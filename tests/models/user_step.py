@@ -20,6 +20,8 @@ class UserStep:
     fallbacks: tuple = ()       # the primitives that run as XLA ops
     rtol: float = 1e-5          # of each value, and (scale_atol) of the largest of its leaf
     scale_atol: float = 2e-5    # (16-bit arithmetic: technique_steps.BF16_RTOL)
+    atol: dict = field(default_factory=dict)   # result index -> an absolute floor, for a result that
+                                               # cancels (2 - 2 cos: the rounding of its terms, not of it)
 
 
 def _normal(rng, *shape, scale=1.0):

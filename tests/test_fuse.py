@@ -94,7 +94,10 @@ def test_grouped_plan_matches_jit(fn, shapes, kernels):
     got, count = _grouped_run(fn, *args)
     assert count == kernels
     want = jax.jit(fn)(*args)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+    # f32 sums differ in their order: held to 1e-5 of each leaf's largest magnitude too (a column sum of
+    # products can cancel to far below the terms it rounds at)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max())),
+                 got, want)
 
 
 @pytest.mark.slow

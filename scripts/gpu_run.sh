@@ -27,8 +27,8 @@
 #   compare:      gpt2_compare.jsonl, gpt2_compare.md (benchmarks/compare.py: GPT-2 124M, jnova vs jax.jit and
 #                 torch.compile, f32 / bf16 / bf16 + cuDNN; COMPARE_ARGS, default --quick: batch 8, ~6 min;
 #                 the full set as two calls: COMPARE_ARGS="--batch 8" then "--batch 16", same $OUT)
-#   parity:       parity/ (examples/gpt2/parity.py: GPT-2 124M on Shakespeare, 300 steps x 2 seeds x 2 compilers,
-#                 ~4 min; gpt2_parity.md says whether the compilers' gap is below the seeds'). Needs the
+#   parity:       parity/ (examples/gpt2/parity.py --parallel: GPT-2 124M on Shakespeare, 300 steps x 2 seeds x
+#                 2 compilers, the four runs at once, ~2 min; their files in parity/runs.tgz; gpt2_parity.md says whether the compilers' gap is below the seeds'). Needs the
 #                 tokenized shards in .gpu-pack/shakespeare (python examples/gpt2/data.py shakespeare --out
 #                 .gpu-pack/shakespeare, 3.6 MB); PARITY_ARGS are passed on.
 #   The charts of compare and parity need matplotlib: where it is missing, run `python benchmarks/compare.py
@@ -121,8 +121,10 @@ if [[ " $parts " == *" compare "* ]]; then
 fi
 
 if [[ " $parts " == *" parity "* ]]; then
-  timeout ${PARITY_TIMEOUT:-580} python3 examples/gpt2/parity.py ${PARITY_ARGS:-} --out "$OUT/parity" 2>&1 \
+  timeout ${PARITY_TIMEOUT:-580} python3 examples/gpt2/parity.py ${PARITY_ARGS:---parallel} --out "$OUT/parity" 2>&1 \
     | grep -v -i warning | tail -20 || rc=1
+  # the runs' own files (csv, json, log, curves) in one archive: a device call returns at most 8 files
+  (cd "$OUT/parity" && ls | grep -v '^gpt2_parity\.' | tar -czf runs.tgz --remove-files -T -) || rc=1
 fi
 
 python3 benchmarks/summarize.py "$OUT" "$rc"

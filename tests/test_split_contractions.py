@@ -48,7 +48,7 @@ def test_gpt2_weight_gradients_split_on_the_h200():
     assert choose_split_k(_problem(50260, 768, 8192), H200) == 1
 
 
-def test_a_long_tf32_k_is_weighed_after_the_transposes_rule_7_would_make():
+def test_a_long_tf32_k_is_weighed_after_the_operand_transposes_it_would_get():
     """The LM head's input gradient in TF32 (B, the embedding, as [K, N]): whole, B copied K-major
     and the ping-pong kernel (2132 us estimated) against two splits on the wgmma kernel; without tensor
     maps the split wins, as it did before the warp-specialized kernel took TF32."""

@@ -28,9 +28,10 @@
 #                 torch.compile, f32 / bf16 / bf16 + cuDNN; COMPARE_ARGS, default --quick: batch 8, ~6 min;
 #                 the full set as two calls: COMPARE_ARGS="--batch 8" then "--batch 16", same $OUT)
 #   parity:       parity/ (examples/gpt2/parity.py --parallel: GPT-2 124M on Shakespeare, 300 steps x 2 seeds x
-#                 2 compilers, the four runs at once, ~2 min; their files in parity/runs.tgz; gpt2_parity.md says whether the compilers' gap is below the seeds'). Needs the
-#                 tokenized shards in .gpu-pack/shakespeare (python examples/gpt2/data.py shakespeare --out
-#                 .gpu-pack/shakespeare, 3.6 MB); PARITY_ARGS are passed on.
+#                 2 compilers, the four runs at once, ~2 min; their files in parity/runs.tgz; gpt2_parity.md
+#                 says whether the compilers' gap is below the seeds'). Needs the tokenized shards in
+#                 .gpu-pack/shakespeare (python examples/gpt2/data.py shakespeare --out .gpu-pack/shakespeare,
+#                 3.6 MB); PARITY_ARGS are passed on.
 #   The charts of compare and parity need matplotlib: where it is missing, run `python benchmarks/compare.py
 #   --report-only --out $OUT` and `python examples/gpt2/parity.py --report-only --out $OUT/parity` elsewhere.
 #   gpu-summary.json (benchmarks/summarize.py) after each part.

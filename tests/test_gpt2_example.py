@@ -175,6 +175,7 @@ def test_parity_runs_a_batch_at_once_and_stops_the_runs_past_the_timeout(tmp_pat
     args.timeout = 2.0
     assert parity.run_batch(args, [("xla", 1), ("jnova", 600)], {}) == [0, "timeout"]
 
+
 def test_batches_sample_memory_mapped_shards_without_crossing_them(tmp_path):
     rng = np.random.default_rng(fresh_seed())
     parts = [rng.integers(0, 1000, n) for n in (300, 5_000, 40)]   # the last is too short for one window

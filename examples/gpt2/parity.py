@@ -140,9 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs=2, default=[1234, 4321], help="the report's two seeds")
     p.add_argument("--data", default=str(PACKED_DATA) if PACKED_DATA.is_dir() else "shakespeare")
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "parity") if os.environ.get("OUT") else None)
-    p.add_argument("--timeout", type=float, default=240, help="seconds per run")
-    p.add_argument("--parallel", action="store_true",
-                   help="the four runs at once on one GPU (an H200 holds them; --timeout is for all four)")
+    p.add_argument("--timeout", type=float, default=240, help="seconds per run (--parallel: for the four)")
+    p.add_argument("--parallel", action="store_true", help="the four runs at once on one GPU (an H200 holds them)")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
     args.out = args.out or tempfile.mkdtemp(prefix="gpt2-parity-")

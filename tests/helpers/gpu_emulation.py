@@ -220,8 +220,8 @@ RTOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 2.0**-7, "float16": 2.0**
 
 
 # a row program run as a thread per row holds the whole row in that thread's slots, unrolled: past this
-# many, MLIR's JIT takes minutes (one row of 8192 bf16 at 4 a slot: 2048 slots, 7 minutes), so such a kernel is left
-# to the GPU tests (tests/gpu/test_gpu_kernels.py runs row programs of long rows with their teams)
+# many, MLIR's JIT takes minutes (one row of 8192 in groups of 4: 2048 slots, 7 minutes), so such a
+# kernel is left to the GPU tests (tests/gpu/test_gpu_kernels.py runs long rows with their teams)
 MAX_THREAD_PER_ROW_SLOTS = 64
 
 

@@ -231,6 +231,23 @@ def test_json_form_reads_back_what_the_parser_reads():
                 assert type(vb) is type(va) and repr(vb) == repr(va), (a.name, key)
 
 
+def test_json_form_of_a_group_reading_one_value_twice():
+    """A batch of kernels that share an input lists that value once per kernel among its arguments:
+    the JSON form numbers the ops' results after every argument, so each op still reads its own operands."""
+    x = TensorType((4, 3), "float32")
+    f = Func("batch", [x])
+    shared = f.args[0]
+    f.args = [shared, shared]                      # the same value passed to two batched kernels
+    total = OPS["nova.reduce"]([shared], [TensorType((3,), "float32")], {"dims": (0,), "kind": "sum"})
+    doubled = OPS["nova.add"]([shared, shared], [x])
+    f.ops, f.returns = [total, doubled], [total.results[0], doubled.results[0]]
+    g = func_from_json(json.loads(json.dumps(func_to_json(f))))
+    for op in g.ops:
+        op.verify()
+    assert [v.type for v in g.returns] == [TensorType((3,), "float32"), x]
+    assert g.ops[0].operands == [g.args[0]] and g.ops[1].operands == [g.args[0], g.args[0]]
+
+
 def test_mlir_reprint_parses_back_to_the_same_function():
     f = every_op_func()
     text = f.print()

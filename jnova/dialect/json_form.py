@@ -19,13 +19,16 @@ from jnova.errors import VerifyError
 
 
 def func_to_json(func: Func) -> dict:
-    ids = {v: i for i, v in enumerate(func.args)}
+    ids: dict = {}
+    for i, v in enumerate(func.args):  # a value passed twice (a batch of kernels sharing an input) reads the first
+        ids.setdefault(v, i)
+    count = len(func.args)
     ops = []
     for op in func.ops:
         ops.append({"op": op.name, "in": [ids[v] for v in op.operands], "out": [_type(r.type) for r in op.results],
                     "attrs": {k: _attr_to_json(op, k) for k in sorted(op.attrs)}})
         for r in op.results:
-            ids[r] = len(ids)
+            ids[r], count = count, count + 1
     return {"name": func.name, "args": [_type(a.type) for a in func.args], "ops": ops,
             "returns": [ids[v] for v in func.returns]}
 

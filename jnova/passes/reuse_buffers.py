@@ -18,8 +18,9 @@ A pair (input, output) of a kernel is taken when:
   Measured on the CPU, tests/test_reuse_buffers.py);
 - the output has the input's shape and dtype;
 - the kernel reads the input only at each element's own offset, with the element it writes there
-  (`read_of` is "same" for every read: no broadcast, transpose, reduction or gather of it), so
-  writing an element in place never overwrites one that is still to be read;
+  (`read_of` is "same" for every read of the input and of every value computed from it inside the
+  kernel: no broadcast, transpose, reduction or gather of it, nor of its convert), so writing an
+  element in place never overwrites one that is still to be read;
 - for a donated argument, the output is the result jax.jit gives that argument's buffer (its
   donation pairs each result with the first donated argument of the same shape and dtype not yet
   taken): any other result would leave the argument's buffer to a copy;
@@ -108,10 +109,6 @@ def _inputs(step) -> list[Value]:
 
 
 def _pairs(kernel: Kernel, position: int, sole_reader, returned, donated_args, receives, others) -> list[tuple[int, int]]:
-    readers: dict[Value, list[tuple]] = defaultdict(list)
-    for op in kernel.ops:
-        for k, v in enumerate(op.operands):
-            readers[v].append((op, k))
     taken: set[int] = set()
     pairs = []
     for a, x in enumerate(kernel.inputs):
@@ -119,7 +116,7 @@ def _pairs(kernel: Kernel, position: int, sole_reader, returned, donated_args, r
             continue
         if x.owner is None and x not in donated_args:
             continue  # an argument jax.jit was not given: its buffer is the caller's
-        if not all(op.name != "nova.reduce" and read_of(op, k) == "same" for op, k in readers[x]):
+        if not _elementwise_in(kernel, x):
             continue
         for b, y in enumerate(kernel.outputs):
             if b in taken or y.type.shape != x.type.shape or y.type.dtype != x.type.dtype:
@@ -132,6 +129,21 @@ def _pairs(kernel: Kernel, position: int, sole_reader, returned, donated_args, r
             pairs.append((a, b))
             break
     return pairs
+
+
+def _elementwise_in(kernel: Kernel, x: Value) -> bool:
+    """Whether each element the kernel computes from `x`, through any chain of its ops, reads `x` only at
+    that element's own offset: every op on a path from `x` reads its operand that depends on `x` "same".
+    (A convert of `x` read by a transpose writes elsewhere than it reads, as a transpose of `x` does.)"""
+    derived = {x}
+    for op in kernel.ops:
+        reads = [k for k, v in enumerate(op.operands) if v in derived]
+        if not reads:
+            continue
+        if op.name in ("nova.reduce", "nova.argreduce") or any(read_of(op, k) != "same" for k in reads):
+            return False
+        derived.update(op.results)
+    return True
 
 
 def _donation_results(func, donated: tuple[int, ...]) -> dict[Value, Value]:

@@ -144,6 +144,35 @@ def test_nova_to_jax_evaluates_the_ops_by_their_decomposition():
     print_module([f])
 
 
+@pytest.mark.parametrize("layout", ["bthd", "bhtd"])
+def test_nova_to_jax_evaluates_the_backward_halves_as_the_whole_backward(layout):
+    """The GPU plan's nova.attention_dq and nova.attention_dkdv (split_attention_backward) evaluate to the
+    whole backward's dq, dk, dv, and delta = rowsum(do * o): what kernel_check compares their kernels with."""
+    from jnova.passes.split_attention_backward import split_attention_backward
+
+    rng = np.random.default_rng()
+    b, t, hq, hkv, d = 2, 8, 4, 2, 4
+    qshape, kshape = ((b, t, hq, d), (b, t, hkv, d)) if layout == "bthd" else ((b, hq, t, d), (b, hkv, t, d))
+    f = Func("f", [TensorType(qshape, "float32"), TensorType(kshape, "float32"), TensorType(kshape, "float32"),
+                   TensorType(qshape, "float32")])
+    q, k, v, do = f.args
+    fwd = f.add(attention_op(q, k, v, causal=True, scale=0.5, layout=layout))
+    bwd = f.add(attention_backward_op(q, k, v, *fwd.results, do, causal=True, scale=0.5, layout=layout))
+    f.returns = [fwd.results[0], *bwd.results]
+    xs = [normal(rng, x.type.shape) for x in f.args]
+    whole = evaluate_ops(f.ops, f.args, f.returns)(*xs)
+    assert split_attention_backward(f, lambda op: True) == 1
+    assert [op.name for op in f.ops] == ["nova.attention", "nova.attention_dq", "nova.attention_dkdv"]
+    f.returns = [*f.returns, f.ops[1].results[1]]
+    halves = evaluate_ops(f.ops, f.args, f.returns)(*xs)
+    for got, want in zip(halves[:4], whole):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    o, do_ = (np.asarray(x, np.float64) for x in (whole[0], xs[3]))
+    delta = (o * do_).sum(-1)
+    np.testing.assert_allclose(halves[4], np.swapaxes(delta, 1, 2) if layout == "bthd" else delta,
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_fully_masked_rows_attend_uniformly():
     rng = np.random.default_rng()
     q, k, v = (normal(rng, (1, 4, 2, 8)) for _ in range(3))

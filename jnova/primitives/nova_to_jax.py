@@ -106,6 +106,20 @@ def _attention(op, a, out, *xs):
     return evaluate_ops(ops, op.operands, results)(*xs)
 
 
+def _attention_half(op, a, out, *xs):
+    """nova.attention_dq (dq, delta) or nova.attention_dkdv (dk, dv): their results of the whole
+    backward's decomposition, which recomputes the softmax from q and k (not from lse and delta)."""
+    from jnova.passes.expand_attention import attention_decomposition
+
+    ops, results = attention_decomposition(op)
+    dq, dk, dv = evaluate_ops(ops, op.operands, results)(*xs)
+    if op.name == "nova.attention_dkdv":
+        return [dk, dv]
+    o, do = (x.astype(jnp.float32) for x in (xs[3], xs[5]))
+    delta = jnp.sum(o * do, axis=-1)  # rowsum(do * o) over D: [B, T, H] or [B, H, T]
+    return [dq, jnp.swapaxes(delta, 1, 2) if a["layout"] == "bthd" else delta]
+
+
 def _training(op, a, out, *xs):
     """A training op (nova.sce, nova.layernorm, ...) as the JAX ops of its generic decomposition."""
     from jnova.passes.expand_training import training_decomposition
@@ -152,6 +166,8 @@ _RULES = {
     "scatter": _scatter,
     "attention": _attention,
     "attention_backward": _attention,
+    "attention_dq": _attention_half,
+    "attention_dkdv": _attention_half,
     **{name[len("nova."):]: _training for name in TRAINING_OPS},
 }
 

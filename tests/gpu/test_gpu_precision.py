@@ -125,3 +125,19 @@ def test_bf16_programs_are_as_close_to_f32_as_jit():
         err = lambda got: np.abs(np.asarray(got, np.float64) - want).max()  # noqa: E731
         f32_roundoff = 2.0**-20 * max(1.0, np.abs(want).max())
         assert err(jnova.compile(fn)(*bf16)) <= 1.5 * err(jax.jit(fn)(*bf16)) + f32_roundoff
+
+
+@pytest.mark.parametrize("k", [1024, 16384])
+def test_highest_contraction_is_f32_accurate_at_long_k(k):
+    """Under precision "highest" a contraction is f32-accurate however long K is: the split-TF32
+    kernels' rounding must not grow with K (tensor cores accumulate rounding toward zero; the kernels
+    add each k-tile's sums in f32 round-to-nearest). Against float64, beside XLA's precision=HIGHEST."""
+    rng = np.random.default_rng()
+    a = rng.standard_normal((256, k)).astype(np.float32)
+    b = rng.standard_normal((k, 384)).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    with jax.default_matmul_precision("float32"):
+        got = np.asarray(jnova.compile(lambda x, y: x @ y)(a, b), np.float64)
+        xla = np.asarray(jax.jit(lambda x, y: x @ y)(a, b), np.float64)
+    err, xla_err = (np.linalg.norm(c - exact) / np.linalg.norm(exact) for c in (got, xla))
+    assert err <= 3e-6, (err, xla_err)

@@ -158,8 +158,22 @@ def test_parity_report_applies_the_criterion_to_saved_runs(tmp_path):
     gap = {r["metric"]: r["value"] for r in recs if r["impl"] == "both"}
     np.testing.assert_allclose([gap["compiler_gap"], gap["seed_gap"]], [0.002, 0.047], atol=1e-9)
     assert gap["passed"] is True and "**passed**" in (tmp_path / "gpt2_parity.md").read_text()
+    assert "mean_difference" not in gap   # two seeds: no estimate of a bias
     write("xla", 1, 5.101)   # the compilers now differ by more than the seeds do
     assert parity.report(args, [0, 1]) == 1
+    # more seeds: jnova ends 0.03 above xla at each of four, far beyond the seeds' scatter of the
+    # difference, though the report's criterion on the first two holds (their gap is 0.05)
+    for seed, (j, x) in enumerate([(5.13, 5.10), (5.181, 5.15), (5.09, 5.061), (5.14, 5.109)]):
+        write("jnova", seed, j)
+        write("xla", seed, x)
+    assert parity.report(args, [0, 1, 2, 3]) == 0
+    recs = [json.loads(line) for line in (tmp_path / "gpt2_parity.jsonl").read_text().splitlines()]
+    gap = {r["metric"]: r["value"] for r in recs if r["impl"] == "both"}
+    diffs = np.array([0.03, 0.031, 0.029, 0.031])
+    np.testing.assert_allclose([gap["mean_difference"], gap["mean_difference_se"]],
+                               [diffs.mean(), diffs.std(ddof=1) / 2], rtol=1e-6)
+    assert "jnova ends higher beyond the seeds' scatter" in (tmp_path / "gpt2_parity.md").read_text()
+    assert sum(r["metric"] == "final_val_loss" for r in recs) == 8
 
 
 def test_parity_runs_a_batch_at_once_and_stops_the_runs_past_the_timeout(tmp_path, monkeypatch, capsys):

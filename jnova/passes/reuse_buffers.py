@@ -140,7 +140,7 @@ def _elementwise_in(kernel: Kernel, x: Value) -> bool:
         reads = [k for k, v in enumerate(op.operands) if v in derived]
         if not reads:
             continue
-        if op.name in ("nova.reduce", "nova.argreduce") or any(read_of(op, k) != "same" for k in reads):
+        if any(read_of(op, k) != "same" for k in reads):  # a reduction reads "moved"
             return False
         derived.update(op.results)
     return True

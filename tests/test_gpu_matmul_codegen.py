@@ -226,7 +226,7 @@ def test_warp_specialized_kernel_takes_tensor_maps_and_assembles_without_spills(
     kernel = build_matmul(problem, config, H200, epilogue)
     buffers = len(kernel.params)
     assert [(t.buffer, t.param) for t in kernel.tensor_maps[:2]] == [(0, buffers), (1, buffers + 1)]
-    maps = 2 + (epilogue is None)  # C leaves by TMA stores unless the epilogue adds bias or residual
+    maps = 2 + (epilogue is None)  # C leaves by TMA stores unless the epilogue adds a residual
     assert [(t.buffer, t.param) for t in kernel.tensor_maps[2:]] == [(buffers - 1, buffers + 2)] * (maps - 2)
     assert kernel.ptx.count(".param .align 64 .b8") == maps and kernel.ptx.count("cvta.param.u64") == maps
     assert "cp.async.bulk.tensor" in kernel.ptx and "mbarrier.arrive.expect_tx" in kernel.ptx
@@ -236,6 +236,54 @@ def test_warp_specialized_kernel_takes_tensor_maps_and_assembles_without_spills(
     report = assemble_check(kernel.ptx, "sm_90a")
     print(kernel.schedule, report)
     assert report.spill_stores == report.spill_loads == 0
+
+
+TO_BF16 = MatmulEpilogue(steps=("to:bfloat16",))
+FLAX_DENSE = MatmulEpilogue(bias="bfloat16", steps=("to:bfloat16", "to:float32", "bias", "to:bfloat16"))
+
+
+@requires_ptxas
+@pytest.mark.parametrize("m, n, k, batch, a_layout, b_layout, epilogue, config", [
+    (8192, 3072, 768, 1, "row", "col", TO_BF16, None),  # GPT-2's backward contractions, as chosen
+    (3072, 768, 8192, 1, "col", "row", TO_BF16, None),
+    (1000, 1000, 72, 3, "row", "row", TO_BF16, PINGPONG.format("128x192x64", 4)),  # edges, batches
+    (1000, 200, 72, 1, "col", "col", MatmulEpilogue(steps=("to:bfloat16", "to:float32")), PINGPONG.format("128x128x64", 3)),
+    (1024, 1024, 128, 1, "row", "row", TO_BF16, PINGPONG.format("128x192x64", 4)),  # 2 k-tiles: spilled once
+    (8192, 3072, 768, 1, "row", "row", FLAX_DENSE, None),  # Flax's bf16 Dense: bias added in shared-memory stores
+    (1000, 1000, 72, 3, "row", "row", FLAX_DENSE, PINGPONG.format("128x192x64", 4)),  # clamped bias loads
+])
+def test_a_converting_epilogue_leaves_by_tma_stores_in_the_dtype_it_stores(m, n, k, batch, a_layout, b_layout,
+                                                                          epilogue, config):
+    """C rounded to bf16 (bias added or not) leaves as 64-column boxes through shared memory and TMA
+    stores, as f32 C does in 32-column ones: no store to global memory from registers, no spills."""
+    from jnova.codegen.gpu import matmul_tma
+
+    problem = ContractionProblem(m, n, k, batch=batch, operand_dtype="bfloat16", a_layout=a_layout, b_layout=b_layout)
+    config = TileConfig.parse(config) if config else choose_tiles(problem, H200)
+    assert config.pingpong, config
+    kernel = build_matmul(problem, config, H200, epilogue)
+    assert "store=tma" in kernel.schedule and len(kernel.tensor_maps) == 3, kernel.schedule
+    c = kernel.tensor_maps[2]
+    elem = 2 if epilogue.out == "bfloat16" else 4
+    assert (c.dtype, c.dims[:2], c.strides[0], c.box[:2]) == (epilogue.out, (n, m), n * elem, (128 // elem, config.block_m))
+    assert not re.search(r"\bst\.global", kernel.ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.[23]d\.global\.shared", kernel.ptx)
+    if elem == 2:
+        assert kernel.ptx.count("cvt.rn.bf16x2.f32") == config.block_n * config.block_m // 256
+    report = assemble_check(kernel.ptx, "sm_90a")
+    print(kernel.schedule, report)
+    assert report.spill_stores == report.spill_loads == 0 and report.stack_frame == 0, report.log
+
+
+def test_residual_epilogues_and_unaligned_rows_store_from_registers():
+    from jnova.codegen.gpu import matmul_tma
+
+    aligned, unaligned = ContractionProblem(1000, 1000, 72), ContractionProblem(1000, 1004, 72)
+    assert matmul_tma.stores_by_tma(aligned, TO_BF16) and matmul_tma.stores_by_tma(unaligned, MatmulEpilogue())
+    assert not matmul_tma.stores_by_tma(unaligned, TO_BF16)  # 2008-byte rows: not whole 16-byte units
+    assert matmul_tma.stores_by_tma(aligned, MatmulEpilogue(bias="bfloat16", steps=("bias", "to:bfloat16")))
+    assert not matmul_tma.stores_by_tma(aligned, MatmulEpilogue(residual="float32"))
+    assert not matmul_tma.stores_by_tma(aligned, MatmulEpilogue(bias="float32", residual="float32"))
 
 
 @requires_ptxas

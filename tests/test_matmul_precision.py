@@ -139,6 +139,8 @@ def test_split_tf32_kernel_assembles_with_three_products_per_tile(tmp_path):
     assert ptx.count("mma.sync.aligned.m16n8k8") == 3 * mt * nt * steps
     # every operand word: cvt.rna (hi), sub, cvt.rna (lo); A words 4 per m16 tile, B words 2 per n8 tile
     assert ptx.count("cvt.rna.tf32.f32") == 2 * steps * (4 * mt + 2 * nt)
+    # each k-tile's tensor-core sums (4 words per m16n8 tile) join the accumulators in round-to-nearest adds
+    assert len(re.findall(r"\badd(\.rn)?\.f32\b", ptx)) >= 4 * mt * nt
 
 
 def test_configurator_and_kernels_refuse_tf32_for_highest():

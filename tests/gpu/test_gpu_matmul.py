@@ -36,6 +36,7 @@ BOTH = MatmulEpilogue(bias="float32", residual="float32")
 FLAX_DENSE = MatmulEpilogue(bias="bfloat16", steps=("to:bfloat16", "to:float32", "bias", "to:bfloat16"))
 ROUNDED = MatmulEpilogue(steps=("to:bfloat16", "to:float32"))
 RESIDUAL_TO_BF16 = MatmulEpilogue(residual="bfloat16", steps=("residual", "to:bfloat16"))
+TO_BF16 = MatmulEpilogue(steps=("to:bfloat16",))
 
 
 def _cases():
@@ -103,6 +104,14 @@ def _cases():
     cases.append(("bfloat16", (3, 1000, 1000, 72), "row", "row", BOTH, wide.format("128x192x64", 5)))
     cases.append(("bfloat16", (2, 2000, 1040, 200), "col", "col", None, wide.format("192x128x64", 4)))
     cases.append(("bfloat16", (1, 16384, 3072, 768), "row", "row", None, wide.format("128x192x64", 5)))
+    # C rounded to bf16 (or to bf16 and back) by the epilogue, through shared memory and TMA stores in
+    # 64- (32-) column boxes: edges of M and N, batches, 2 k-tiles, all layouts, as chosen for GPT-2
+    cases.append(("bfloat16", (3, 1000, 1000, 72), "row", "row", TO_BF16, wide.format("128x192x64", 4)))
+    cases.append(("bfloat16", (2, 2000, 1040, 200), "col", "col", TO_BF16, pingpong.format(4)))
+    cases.append(("bfloat16", (1, 1000, 200, 72), "col", "row", ROUNDED, pingpong.format(3)))
+    cases.append(("bfloat16", (1, 1024, 1024, 128), "row", "row", TO_BF16, wide.format("128x192x64", 4)))
+    cases.append(("bfloat16", (1, 8192, 3072, 768), "row", "col", TO_BF16, None))
+    cases.append(("bfloat16", (1, 3072, 768, 8192), "col", "row", TO_BF16, None))
     # the same kernel with TF32 operands, both K-major (k-tiles of 32 elements: one 128-byte panel)
     tf32 = "block={} warps=4x1 stages={} mma=wgmma_tf32_m64nNk8 swizzle=128 pingpong"
     cases.append(("float32", (3, 1000, 1000, 72), "row", "col", BOTH, tf32.format("128x128x32", 5)))
@@ -110,6 +119,7 @@ def _cases():
     cases.append(("float32", (2, 2000, 1040, 200), "row", "col", None, tf32.format("128x192x32", 4)))
     cases.append(("float32", (1, 16384, 3072, 768), "row", "col", None, tf32.format("128x192x32", 4)))
     cases.append(("float32", (1, 4096, 768, 3072), "row", "col", BOTH, tf32.format("192x128x32", 4)))
+    cases.append(("float32", (2, 2000, 1040, 200), "row", "col", TO_BF16, tf32.format("128x192x32", 4)))
     return cases
 
 
@@ -118,7 +128,8 @@ CASES = _cases()
 
 def _case_id(case):
     dtype, (batch, m, n, k), a_layout, b_layout, epilogue, config = case[:6]
-    extra = "" if epilogue is None else f"-bias_{epilogue.bias}-res_{epilogue.residual}"
+    extra = "" if epilogue is None else \
+        f"-bias_{epilogue.bias}-res_{epilogue.residual}-{'_'.join(s.replace('to:', 'to_') for s in epilogue.steps)}"
     split = "-split_k" if _split(case) else ""
     persistent = "-persistent" if _persistent(case) else ""
     return (f"{dtype}-{batch}x{m}x{n}x{k}-{a_layout[0]}{b_layout[0]}{extra}{'-override' if config else ''}"

@@ -237,7 +237,7 @@ def _pingpong_module(problem, config, target, epilogue, name, a, b, tiles_m, til
     maps = matmul_tma.tensor_maps(problem, config, len(memrefs))
     names = ("%tma_a", "%tma_b")
     if staged:  # C's buffer is the kernel's last before the maps (an aliased result shares its operand's)
-        maps += (matmul_tma.c_tensor_map(problem, config, len(memrefs) - 1, len(memrefs) + 2),)
+        maps += (matmul_tma.c_tensor_map(problem, config, len(memrefs) - 1, len(memrefs) + 2, epilogue.out),)
         names += ("%tma_c",)
     ctx = _prologue(em, problem, config, a, b, threads, tiles_m, tiles_n, memrefs)
     total = problem.batch * tiles_m * tiles_n

@@ -223,18 +223,24 @@ def _pair_value(ctx: Context, epilogue: MatmulEpilogue, f: Fragment, c_base: str
     e = "f32"
     for step in epilogue.steps:
         if step == "bias":
-            value = _add_loaded(ctx, "bias", epilogue.bias, col, value, mask, 2 * BYTES[epilogue.bias])
+            value = add_loaded(ctx, "bias", epilogue.bias, col, value, mask, 2 * BYTES[epilogue.bias])
         elif step == "residual":
             nbytes = BYTES[epilogue.residual]
-            value = _add_loaded(ctx, "residual", epilogue.residual, ofs, value, mask,
+            value = add_loaded(ctx, "residual", epilogue.residual, ofs, value, mask,
                                 nbytes * (2 if p.n % 2 == 0 else 1))
-        else:  # a conversion: f32 to a 16-bit float rounds to nearest even, 16-bit to f32 is exact
-            to = ELEMENT[step.removeprefix("to:")]
-            if to != e:
-                how = "arith.truncf" if to != "f32" else "arith.extf"
-                value = em.op(f"{how} {value} : vector<2x{e}> to vector<2x{to}>")
-                e = to
+        else:
+            value, e = convert(em, step, value, e)
     return value, mask, ofs
+
+
+def convert(em: GpuEmitter, step: str, value: str, e: str) -> tuple[str, str]:
+    """A conversion step of a pair of element type `e`: f32 to a 16-bit float rounds to nearest even,
+    16-bit to f32 is exact. (the pair, its element type)"""
+    to = ELEMENT[step.removeprefix("to:")]
+    if to == e:
+        return value, e
+    how = "arith.truncf" if to != "f32" else "arith.extf"
+    return em.op(f"{how} {value} : vector<2x{e}> to vector<2x{to}>"), to
 
 
 def _store_pair(ctx: Context, epilogue: MatmulEpilogue, f: Fragment, c_base: str, masked: bool) -> None:
@@ -249,7 +255,7 @@ def _store_pair(ctx: Context, epilogue: MatmulEpilogue, f: Fragment, c_base: str
         em.line(f"vector.maskedstore {c}[{ofs}], {mask}, {value} : {c_type}, vector<2xi1>, vector<2x{e}>")
 
 
-def _add_loaded(ctx: Context, param: str, dtype: str, ofs: str, value: str, mask: str | None, align: int) -> str:
+def add_loaded(ctx: Context, param: str, dtype: str, ofs: str, value: str, mask: str | None, align: int) -> str:
     em = ctx.em
     ssa, t = ctx.memrefs[param]
     e = ELEMENT[dtype]

@@ -107,8 +107,10 @@ def main_loop(ctx: Context) -> list[Fragment]:
         stage = em.op(f"arith.remui {kt}, {em.index(cfg.stages)} : index")
         a_stage = em.op(f"arith.muli {stage}, {em.index(ctx.a.mn * ctx.a.bk)} : index")
         b_stage = em.op(f"arith.muli {stage}, {em.index(ctx.b.mn * ctx.b.bk)} : index")
-        new = list(accs)
         split = "tf32x3" in cfg.mma
+        # split-TF32: the tensor cores sum one k-tile's products from zero, and the tile's sums join the
+        # accumulators in an f32 add that rounds to nearest (split_tf32.py: why)
+        new = [zero] * len(accs) if split else list(accs)
         for ks in range(cfg.block_k // MMA_K):
             a_frags = _load_a(ctx, a_reads[ks], a_stage, split)
             b_frags = _load_b(ctx, b_reads[ks], b_stage, nt, split)
@@ -120,6 +122,8 @@ def main_loop(ctx: Context) -> list[Fragment]:
                         new[i * nt + j] = em.op(f"nvgpu.mma.sync({a_frag}, {b_frag}, {new[i * nt + j]}) "
                                                 f"{{mmaShape = [{MMA_M}, {MMA_N}, {MMA_K}], tf32Enabled}} : "
                                                 f"(vector<4x1xf32>, vector<2x1xf32>, {ACC}) -> {ACC}")
+        if split:
+            new = [em.op(f"arith.addf {acc}, {tile} : {ACC}") for acc, tile in zip(accs, new)]
         em.line(f"scf.yield {', '.join(new)} : {types}")
     em.line("nvvm.cp.async.wait.group 0")  # copies past the last tile must land before the block exits
     return _fragments(ctx, [f"{result}#{i}" for i in range(len(accs))], m_base, n_base, lane, mt, nt)

@@ -11,9 +11,9 @@ A block of three warpgroups walks block tiles (persistent, one block per SM):
   consumers  (warpgroups 1 and 2): the block's tiles alternate between them. A consumer waits for
              each stage to be full, runs its wgmma over it, and once that wgmma group is done (one
              group kept in flight) arrives on the stage's "empty" mbarrier; after the last k-tile it
-             stores its tile: 32 columns at a time into shared memory and out by TMA stores
-             (`_ChunkStores`), or, where the epilogue adds bias or residual, from registers
-             (`matmul_epilogue.store_fragments`).
+             stores its tile: 128 bytes of each row at a time (32 f32 or 64 bf16 columns, rounded
+             on the way, bias added) into shared memory and out by TMA stores (`_ChunkStores`), or,
+             where the epilogue adds a residual, from registers (`matmul_epilogue.store_fragments`).
 
 Each consumer owns a config.block_m x config.block_n tile and its accumulators, so while one consumer
 stores its tile the other's k-tiles keep the tensor cores busy. The consumers take turns (named barriers): tile i's main loop starts
@@ -47,7 +47,8 @@ import math
 
 from jnova.codegen.gpu import matmul_wgmma
 from jnova.codegen.gpu.launch import TensorMap
-from jnova.codegen.gpu.matmul_epilogue import Context, MatmulEpilogue, batch_strides, pointer, store_fragments
+from jnova.codegen.gpu.matmul_epilogue import (BYTES, ELEMENT, Context, MatmulEpilogue, add_loaded, batch_strides,
+                                               convert, pointer, store_fragments)
 from jnova.codegen.gpu.matmul_smem import PANEL_BYTES, ix_add, ix_op
 from jnova.passes.configure.warp_specialized import pingpong_refusal
 
@@ -59,7 +60,8 @@ BARRIER_BYTES = 8
 TURN_BARRIER = 1  # named barriers 1 and 2 (0 is the block-wide one)
 CONSUMER_BARRIER = 3  # named barriers 3 and 4: one consumer's own threads
 WAIT_TICKS = 0x989680  # try_wait's suspend-time hint (what CUTLASS passes)
-CHUNK_COLUMNS = 32  # f32 columns of C per TMA store: one 128-byte swizzled row per tile row
+CHUNK_BYTES = 128  # of each row of C per TMA store: one 128-byte swizzled row per tile row
+CHUNK_COLUMNS = CHUNK_BYTES // 4  # f32 columns of C per TMA store (64 of a 16-bit C)
 SWIZZLE_ALIGN = 1024  # a 128-byte-swizzled buffer starts on a whole swizzle pattern
 
 
@@ -70,7 +72,12 @@ def staging_offset(ring_bytes: int, stages: int) -> int:
 
 
 def chunk_bytes(config) -> int:
-    return config.block_m * CHUNK_COLUMNS * 4
+    return config.block_m * CHUNK_BYTES
+
+
+def chunk_columns(epilogue) -> int:
+    """Columns of C per TMA store: 128 bytes of the dtype C is stored in."""
+    return CHUNK_BYTES // BYTES[epilogue.out]
 
 
 def smem_bytes(ring_bytes: int, stages: int, config=None) -> int:
@@ -83,9 +90,10 @@ def smem_bytes(ring_bytes: int, stages: int, config=None) -> int:
 
 def stores_by_tma(problem, epilogue) -> bool:
     """C leaves through TMA when its rows are whole 16-byte units (a tensor map's strides) and the
-    epilogue does nothing (C in f32 as accumulated): with bias or residual loads the staged form
-    spilled (80-116 B on GPT-2's projections, ptxas), the stores from registers did not."""
-    return problem.n % 4 == 0 and not epilogue.steps
+    epilogue loads no residual: with the residual's loads (a pair per fragment, issued together by
+    ptxas beside 192 accumulators) the staged form spilled 16-28 B on GPT-2's projections, the
+    stores from registers did not. Bias and conversions are applied on the way into shared memory."""
+    return problem.n * BYTES[epilogue.out] % 16 == 0 and "residual" not in epilogue.steps
 
 
 def refusal(problem, config) -> str | None:
@@ -132,14 +140,14 @@ def tensor_maps(problem, config, first_param: int) -> tuple[TensorMap, TensorMap
     return out[0], out[1]
 
 
-def c_tensor_map(problem, config, buffer: int, param: int) -> TensorMap:
-    """The descriptor of C (f32, [batch, M, N]) for TMA stores of CHUNK_COLUMNS x block_m boxes
+def c_tensor_map(problem, config, buffer: int, param: int, dtype: str = "float32") -> TensorMap:
+    """The descriptor of C ([batch, M, N] in `dtype`) for TMA stores of 128-byte x block_m boxes
     (parts of a box outside C are not written)."""
-    p = problem
-    dims, strides, box = (p.n, p.m), (p.n * 4,), (CHUNK_COLUMNS, config.block_m)
+    p, elem = problem, BYTES[dtype]
+    dims, strides, box = (p.n, p.m), (p.n * elem,), (CHUNK_BYTES // elem, config.block_m)
     if p.batch > 1:
-        dims, strides, box = dims + (p.batch,), strides + (p.m * p.n * 4,), box + (1,)
-    return TensorMap(buffer, param, "float32", dims, strides, box, 128)
+        dims, strides, box = dims + (p.batch,), strides + (p.m * p.n * elem,), box + (1,)
+    return TensorMap(buffer, param, dtype, dims, strides, box, 128)
 
 
 def emit(ctx: Context, epilogue: MatmulEpilogue, tiles_m: int, tiles_n: int, total: int, blocks: int,
@@ -193,7 +201,7 @@ def emit(ctx: Context, epilogue: MatmulEpilogue, tiles_m: int, tiles_n: int, tot
     em.line(f"nvvm.setmaxregister increase {CONSUMER_REGS}")
     stores = None
     if len(maps) > 2:
-        stores = _ChunkStores(maps[2], ix_add(em, base, staging_offset(ring_bytes, stages)))
+        stores = _ChunkStores(maps[2], ix_add(em, base, staging_offset(ring_bytes, stages)), epilogue)
     _consumers(ctx, epilogue, bid, local, blocks, k_tiles, role, lane_tid, tile_context, barrier,
                stage_and_phase, wait, stores)
     em.depth -= 1
@@ -322,49 +330,84 @@ def _consume(ctx: Context, it0: str, k_tiles: int, barrier, stage_and_phase, wai
 
 @dataclasses.dataclass(frozen=True)
 class _ChunkStores:
-    """C through shared memory and TMA stores, CHUNK_COLUMNS columns at a time. Each consumer has two
-    staging buffers (block_m rows of 128 bytes, 16-byte chunks XOR-swizzled by row as the C
-    descriptor's 128-byte swizzle reads them), used in turn: before a buffer is written again its
-    last store must have read it (`cp.async.bulk.wait_group.read 1` by the thread that issued it,
-    then the consumer's named barrier). Writing accumulator fragments this way is free of bank
-    conflicts beyond the two wavefronts a warp's 256 bytes need; the TMA unit then writes whole
-    128-byte rows of C and skips what lies outside it (edge tiles), so no store is masked. Only for
-    epilogues without bias or residual (`stores_by_tma`)."""
+    """C through shared memory and TMA stores, 128 bytes of each row at a time (32 f32 columns, 64
+    16-bit ones). Each consumer has two staging buffers (block_m rows of 128 bytes, 16-byte chunks
+    XOR-swizzled by row as the C descriptor's 128-byte swizzle reads them), used in turn: before a
+    buffer is written again its last store must have read it (`cp.async.bulk.wait_group.read 1` by the
+    thread that issued it, then the consumer's named barrier). The epilogue's conversions happen in
+    registers on the way. Writing accumulator fragments this way is free of bank conflicts beyond the
+    wavefronts a warp's bytes need (two of f32 pairs, one of 16-bit pairs); the TMA unit then writes
+    whole 128-byte rows of C and skips what lies outside it (edge tiles), so no store is masked. Only
+    for epilogues without residual (`stores_by_tma`)."""
 
     tensor_map: str
     base: str  # the staging buffers' shared-memory address (index)
+    epilogue: MatmulEpilogue
+
+    def _value(self, ctx: Context, f) -> str:
+        """The fragment's pair as C stores it: bias added, conversions applied. The bias loads are
+        clamped into the array where tiles cross its end (an edge tile's pairs past N read the last
+        one; the TMA store does not write them), so none is masked."""
+        em, p, cfg = ctx.em, ctx.problem, ctx.config
+        value = em.op(f"vector.from_elements {f.values[0]}, {f.values[1]} : vector<2xf32>")
+        e = "f32"
+        for step in self.epilogue.steps:
+            if step == "bias":
+                col = ix_add(em, ctx.n0, f.col[0], f.col[1])
+                if p.n % cfg.block_n:  # n is even (rows of C are whole 16-byte units): the last pair starts at n - 2
+                    col = em.op(f"arith.minui {col}, {em.index(p.n - 2)} : index")
+                value = add_loaded(ctx, step, self.epilogue.bias, col, value, None, 2 * BYTES[self.epilogue.bias])
+            else:
+                assert step != "residual", "a residual epilogue stores from registers (stores_by_tma)"
+                value, e = convert(em, step, value, e)
+        return value
 
     def emit(self, ctx: Context, fragments, consumer: str, signals: str) -> None:
         em, cfg, p = ctx.em, ctx.config, ctx.problem
-        chunk = chunk_bytes(cfg)
+        chunk, columns = chunk_bytes(cfg), chunk_columns(self.epilogue)
+        out = ELEMENT[self.epilogue.out]
         barrier_id = em.op(f"arith.index_cast {ix_add(em, consumer, CONSUMER_BARRIER)} : index to i32")
         mine = ix_add(em, self.base, (consumer, 2 * chunk))
         lane = em.op(f"arith.remui {ctx.tid}, {em.index(32)} : index")
-        # a fragment of lane l holds columns 2 (l % 4) + {0, 1} of row l / 4 (mod 8): its 16-byte chunk
-        # in a 128-byte row is (l % 4) / 2 + (column constant) / 4, swizzled by XOR with the row, l / 4
-        swizzle = em.op(f"arith.xori {ix_op(em, 'divui', ix_op(em, 'remui', lane, 4), 2)}, "
-                        f"{ix_op(em, 'divui', lane, 4)} : index")
-        within = ix_op(em, "muli", ix_op(em, "remui", lane, 2), 8)
         as_i32 = lambda x: em.op(f"arith.index_cast {x} : index to i32")
+        # a fragment of lane l holds columns 2 (l % 4) + {0, 1} (plus a constant k, a multiple of 8) of
+        # row l / 4 (mod 8): bytes 2 e (l % 4) + e k of a 128-byte row of e-byte elements, whose 16-byte
+        # chunks are swizzled by XOR with the row. In 32-bit shared addresses: the buffers start on 1024
+        # bytes and rows are 128 apart, so the lane's part (below 32 bytes) and e k (a multiple of 32, or
+        # of 16 for 16-bit C) share no bits and the row's XOR touches only bits 4-6; per fragment one XOR
+        # by e k, the rest immediate offsets. The lane's address passes an opaque move: LLVM would
+        # otherwise hoist it, and the per-fragment XORs, out of the tile loop, and those registers, live
+        # across the main loop beside 192 accumulators, spilled (60 B with 2-3 k-tiles, ptxas)
+        elem = BYTES[self.epilogue.out]
+        row = fragments[0].row[0]  # the SSA part of every fragment's row (matmul_wgmma.fragments)
+        unswizzled = ix_add(em, mine, (row, 128), ix_op(em, "muli", ix_op(em, "remui", lane, 4), 2 * elem))
+        lane_at = em.op(f"arith.xori {as_i32(unswizzled)}, "
+                        f"{as_i32(ix_op(em, 'muli', ix_op(em, 'divui', lane, 4), 16))} : i32")
+        lane_at = em.op(f'llvm.inline_asm has_side_effects "mov.b32 $0, $1;", "=r,r" {lane_at} : (i32) -> i32')
+
+        def address(f, buffer_offset: int, k: int) -> str:
+            assert f.row[0] == row, "the fragments of a tile share their row base"
+            at = em.op(f"arith.xori {lane_at}, {em.i32(k * elem)} : i32") if k else lane_at
+            at = em.op(f"arith.addi {at}, {em.i32(f.row[1] * 128 + buffer_offset)} : i32")
+            return em.op(f"llvm.inttoptr {at} : i32 to !llvm.ptr<3>")
         m0, batch = as_i32(ctx.m0), as_i32(ctx.batch)
-        for q in range(cfg.block_n // CHUNK_COLUMNS):
+        for q in range(-(-cfg.block_n // columns)):
             buffer = ix_add(em, mine, (q % 2) * chunk)
             with em.region(f"scf.if {signals} {{"):  # this buffer's previous store has read it
                 em.line("nvvm.cp.async.bulk.wait_group 1 {read}")
             em.line(f"nvvm.barrier id = {barrier_id} number_of_threads = {em.i32(128)}")
             for f in fragments:
-                k = f.col[1] - q * CHUNK_COLUMNS
-                if not 0 <= k < CHUNK_COLUMNS:
+                k = f.col[1] - q * columns
+                if not 0 <= k < columns:
                     continue
-                value = em.op(f"vector.from_elements {f.values[0]}, {f.values[1]} : vector<2xf32>")
-                phys = em.op(f"arith.xori {swizzle}, {em.index(k // 4)} : index")
-                at = ix_add(em, buffer, (f.row[0], 128), f.row[1] * 128, (phys, 16), within)
-                em.line(f"llvm.store {value}, {pointer(em, at, '3')} {{alignment = 8 : i64}} : "
-                        f"vector<2xf32>, !llvm.ptr<3>")
+                value = self._value(ctx, f)
+                at = address(f, (q % 2) * chunk, k)
+                em.line(f"llvm.store {value}, {at} {{alignment = {2 * BYTES[self.epilogue.out]} : i64}} : "
+                        f"vector<2x{out}>, !llvm.ptr<3>")
             em.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
             em.line(f"nvvm.barrier id = {barrier_id} number_of_threads = {em.i32(128)}")
             with em.region(f"scf.if {signals} {{"):
-                n0 = as_i32(ix_add(em, ctx.n0, q * CHUNK_COLUMNS))
+                n0 = as_i32(ix_add(em, ctx.n0, q * columns))
                 box = ", ".join([n0, m0, batch] if p.batch > 1 else [n0, m0])
                 em.line(f"nvvm.cp.async.bulk.tensor.global.shared.cta {self.tensor_map}, {pointer(em, buffer, '3')}, "
                         f"box[{box}] : !llvm.ptr, !llvm.ptr<3>")

@@ -5,13 +5,15 @@
 
 `x - hi` is exact in f32 (its 13 low bits), so `hi + lo` keeps 21 of x's 24 bits; the dropped
 a_lo @ b_lo term is below f32's rounding. Each product accumulates in f32 on the tensor cores; the small
-terms go first so they are not lost against the large partial sum. Known defect: the tensor cores add
-into their accumulator rounding toward zero, so a sum carried through all of K on them loses up to an
-ulp per k8 step, always in the same direction. Measured on the H200, the error grows linearly with K
-(7.2e-6 against float64 at 1024^3, 3.5e-4 against XLA's precision=HIGHEST at K = 50304:
-benchmarks/results/h200-matmul-2026-12-03-0d63239.md), so these kernels are f32-accurate only for short
-K. The known remedy (Ootomo and Yokota, 2022) sums one k-tile on the tensor cores from zero and adds the
-tile's sums into the accumulators with a round-to-nearest f32 add. This is what XLA calls the
+terms go first so they are not lost against the large partial sum. The tensor cores add into their
+accumulator rounding toward zero, so a sum carried through all of K on them loses up to an ulp per
+k8 step, always in the same direction: measured on the H200, an error growing linearly with K (3.5e-4
+at K = 50304 against XLA's precision=HIGHEST, benchmarks/results/h200-matmul-2026-12-03-0d63239.md).
+So the kernels let the tensor cores sum one k-tile (block_k of K) from zero and add each tile's sums
+into the accumulators with an f32 add, which rounds to nearest (as Ootomo and Yokota recover FP32
+accuracy from tensor cores, 2022). The one-directional rounding then stays inside a tile: it costs
+a few ulps of that tile's own sum, not of the running total, so the relative error no longer grows with
+K (and where tiles' sums differ in sign, their errors partly cancel). This is what XLA calls the
 TF32_TF32_F32_X3 algorithm. Why split TF32 rather than bf16 (bf16x6 for f32 accuracy) or FFMA: TF32
 tensor cores run at 8x the H200's f32 FFMA rate (495 vs 67 TFLOP/s dense), so three products leave
 room for mma.sync's lower utilisation and the split's ALU work, where six bf16 products would need 12

@@ -100,13 +100,22 @@ def test_float32_precision_step_equals_jit(name):
 
 
 @pytest.mark.parametrize("name", STEPS)
-def test_default_precision_step_is_within_tf32_of_jit(name):
+def test_default_precision_step_is_as_close_to_f32_as_jit(name):
+    """Under the default both compilers may run TF32, each rounding its own way: a gradient element
+    where a sum cancels differs between them by more than TF32's rounding of the largest (seen on the
+    H200, 1 element of 48 or 120, on fresh inputs). So each is measured against the f32-accurate step
+    (jax.jit under precision "float32"), per array in norm: jnova within twice XLA's error."""
     step, args = STEPS[name]()
     got = jnova.compile(step)(*args)
     want = jax.jit(step)(*args)
+    with jax.default_matmul_precision("float32"):
+        exact = jax.jit(step)(*args)
     _close(got[-2], want[-2], TF32, "loss")
-    _close(got[-1], want[-1], TF32, "gradient")
-
+    for path, a, b, ref in zip(jax.tree_util.tree_leaves_with_path(got[-1]), jax.tree.leaves(got[-1]),
+                               jax.tree.leaves(want[-1]), jax.tree.leaves(exact[-1])):
+        ref = np.asarray(ref, np.float64)
+        err = lambda x: np.linalg.norm(np.asarray(x, np.float64) - ref) / (np.linalg.norm(ref) + 1e-30)  # noqa: E731
+        assert err(a) <= 2 * err(b) + 2.0**-16, (jax.tree_util.keystr(path[0]), err(a), err(b))
 
 
 def test_bf16_programs_are_as_close_to_f32_as_jit():

@@ -100,22 +100,21 @@ def test_float32_precision_step_equals_jit(name):
 
 
 @pytest.mark.parametrize("name", STEPS)
-def test_default_precision_step_is_as_close_to_f32_as_jit(name):
-    """Under the default both compilers may run TF32, each rounding its own way: a gradient element
-    where a sum cancels differs between them by more than TF32's rounding of the largest (seen on the
-    H200, 1 element of 48 or 120, on fresh inputs). So each is measured against the f32-accurate step
-    (jax.jit under precision "float32"), per array in norm: jnova within twice XLA's error."""
+def test_default_precision_step_is_within_tf32_of_jit(name):
+    """Under the default both compilers may run TF32, each rounding its own way and choosing TF32 for
+    its own set of contractions (XLA keeps some small ones f32). An element of a gradient where a sum
+    cancels differs between them by more than TF32's rounding of the array's largest element (seen
+    on the H200: 1 element of 48 or 120, on fresh inputs), so the gradients are compared per array in
+    norm: |jnova - jax.jit| <= TF32 |jax.jit|."""
     step, args = STEPS[name]()
     got = jnova.compile(step)(*args)
     want = jax.jit(step)(*args)
-    with jax.default_matmul_precision("float32"):
-        exact = jax.jit(step)(*args)
     _close(got[-2], want[-2], TF32, "loss")
-    for path, a, b, ref in zip(jax.tree_util.tree_leaves_with_path(got[-1]), jax.tree.leaves(got[-1]),
-                               jax.tree.leaves(want[-1]), jax.tree.leaves(exact[-1])):
-        ref = np.asarray(ref, np.float64)
-        err = lambda x: np.linalg.norm(np.asarray(x, np.float64) - ref) / (np.linalg.norm(ref) + 1e-30)  # noqa: E731
-        assert err(a) <= 2 * err(b) + 2.0**-16, (jax.tree_util.keystr(path[0]), err(a), err(b))
+    for path, a, b in zip(jax.tree_util.tree_leaves_with_path(got[-1]), jax.tree.leaves(got[-1]),
+                          jax.tree.leaves(want[-1])):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        err = np.linalg.norm(a - b) / (np.linalg.norm(b) + 1e-30)
+        assert np.isfinite(a).all() and err <= TF32, (jax.tree_util.keystr(path[0]), err)
 
 
 def test_bf16_programs_are_as_close_to_f32_as_jit():

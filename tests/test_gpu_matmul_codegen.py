@@ -234,7 +234,6 @@ def test_warp_specialized_kernel_takes_tensor_maps_and_assembles_without_spills(
     assert re.search(r"setmaxnreg.inc.sync.aligned.u32\s+232;", kernel.ptx)
     assert kernel.block == (384, 1, 1) and kernel.grid[0] <= H200.sm_count
     report = assemble_check(kernel.ptx, "sm_90a")
-    print(kernel.schedule, report)
     assert report.spill_stores == report.spill_loads == 0
 
 
@@ -256,8 +255,6 @@ def test_a_converting_epilogue_leaves_by_tma_stores_in_the_dtype_it_stores(m, n,
                                                                           epilogue, config):
     """C rounded to bf16 (bias added or not) leaves as 64-column boxes through shared memory and TMA
     stores, as f32 C does in 32-column ones: no store to global memory from registers, no spills."""
-    from jnova.codegen.gpu import matmul_tma
-
     problem = ContractionProblem(m, n, k, batch=batch, operand_dtype="bfloat16", a_layout=a_layout, b_layout=b_layout)
     config = TileConfig.parse(config) if config else choose_tiles(problem, H200)
     assert config.pingpong, config
@@ -271,7 +268,6 @@ def test_a_converting_epilogue_leaves_by_tma_stores_in_the_dtype_it_stores(m, n,
     if elem == 2:
         assert kernel.ptx.count("cvt.rn.bf16x2.f32") == config.block_n * config.block_m // 256
     report = assemble_check(kernel.ptx, "sm_90a")
-    print(kernel.schedule, report)
     assert report.spill_stores == report.spill_loads == 0 and report.stack_frame == 0, report.log
 
 
@@ -308,7 +304,6 @@ def test_warp_specialized_tf32_kernel_reads_k_major_panels_of_32_elements(m, n, 
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k8\.f32\.tf32\.tf32", kernel.ptx)
     assert kernel.ptx.count("cp.async.bulk.tensor") >= 2 and "cp.async.ca" not in kernel.ptx
     report = assemble_check(kernel.ptx, "sm_90a")
-    print(kernel.schedule, report)
     assert report.spill_stores == report.spill_loads == 0 and "Potential Performance Loss" not in report.log
 
 

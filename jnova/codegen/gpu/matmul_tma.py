@@ -402,7 +402,7 @@ class _ChunkStores:
                     continue
                 value = self._value(ctx, f)
                 at = address(f, (q % 2) * chunk, k)
-                em.line(f"llvm.store {value}, {at} {{alignment = {2 * BYTES[self.epilogue.out]} : i64}} : "
+                em.line(f"llvm.store {value}, {at} {{alignment = {2 * elem} : i64}} : "
                         f"vector<2x{out}>, !llvm.ptr<3>")
             em.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
             em.line(f"nvvm.barrier id = {barrier_id} number_of_threads = {em.i32(128)}")

@@ -12,7 +12,8 @@ import jax
 from jnova.capture.trace import function_name
 from jnova.errors import DeletedArgumentError
 from jnova.options import Options
-from jnova.runtime.jax_internals import resolve_argnums, varying_axes
+from jnova.runtime.jax_internals import (InternalFloatingPointError, raise_where_invalid, resolve_argnums,
+                                        trace_context, varying_axes)
 from jnova.runtime.target import get_target
 
 log = logging.getLogger("jnova")
@@ -118,7 +119,7 @@ class CompiledStep:
         self.options = options
         self.arguments = arguments
         self._executables: dict = {}
-        self._last = None  # (static key and matmul precision, jax's compiled step) of the signature called last
+        self._last = None  # (static key and trace context, jax's compiled step, weak leaves) of the last signature
         self.compile_count = 0
         functools.update_wrapper(self, fn, updated=())
 
@@ -127,12 +128,20 @@ class CompiledStep:
         return self.arguments.donate_argnums
 
     def __call__(self, *args, **kwargs):
+        try:
+            return self._call(args, kwargs)
+        except InternalFloatingPointError as e:  # jax.debug_nans / debug_infs: where, as jax.jit says it
+            raise_where_invalid(e, self.fn, args, kwargs)
+
+    def _call(self, args, kwargs):
         args, kwargs, static, positions = self.arguments.split(self.fn, args, kwargs)
-        precision = jax.config.jax_default_matmul_precision  # a new precision context compiles again
+        context = trace_context()  # a new matmul precision, PRNG or promotion context compiles again
         # The last signature's compiled step first: jax's C++ dispatch flattens the arguments and checks
-        # their types, as for a jax.jit call (jnova's own dispatch in Python cost ~0.8 ms a GPT-2 step).
+        # their shapes and dtypes, as for a jax.jit call (jnova's own dispatch in Python cost ~0.8 ms a
+        # GPT-2 step). It takes a weak-typed value where a strong one was compiled, and back, where
+        # jax.jit traces again (the result's dtype can differ): the weak leaves are compared first.
         last = self._last
-        if last is not None and last[0] == (static, precision):
+        if last is not None and last[0] == (static, context) and last[2] == _weak_leaves(args, kwargs):
             try:
                 return _call_compiled(last[1], args, kwargs)
             except DeletedArgumentError:
@@ -143,7 +152,7 @@ class CompiledStep:
         executable = self._executable(args, kwargs, static, positions, flat, tree)
         if any(isinstance(x, jax.core.Tracer) for x in flat):  # inside a transformation: jax compiles
             return jax.tree_util.tree_unflatten(executable.captured.out_tree, executable.run(*flat))
-        self._last = ((static, precision), self._prepared(executable, args, kwargs))
+        self._last = ((static, context), self._prepared(executable, args, kwargs), _weak_positions(flat))
         return _call_compiled(executable.call, args, kwargs)
 
     def _prepared(self, executable, args, kwargs):
@@ -178,8 +187,8 @@ class CompiledStep:
                                self.arguments.static_argnames)
             raise
         backend = self.options.backend or ("gpu" if self.options.target else _platform_of(flat))
-        # the matmul precision of the JAX context: part of jax.jit's cache key too
-        key = (tree, avals, backend, static, jax.config.jax_default_matmul_precision)
+        # the JAX configuration tracing reads (matmul precision, PRNG, promotion): jax.jit's key too
+        key = (tree, avals, backend, static, trace_context())
         executable = self._executables.get(key)
         if executable is None:
             from jnova.pipeline import compile_step
@@ -269,6 +278,19 @@ def _signature(x) -> tuple:
 
         aval = abstract(x)
     return tuple(aval.shape), aval.dtype, bool(aval.weak_type)
+
+
+_PYTHON_SCALARS = frozenset((int, float, bool, complex))
+
+
+def _weak_positions(flat) -> tuple[int, ...]:
+    """Which leaves are weakly typed: Python scalars, and arrays with a weak type (~0.4 us a leaf)."""
+    return tuple(i for i, x in enumerate(flat)
+                 if type(x) in _PYTHON_SCALARS or getattr(x, "weak_type", False))
+
+
+def _weak_leaves(args, kwargs) -> tuple[int, ...]:
+    return _weak_positions(jax.tree_util.tree_leaves((args, kwargs)))
 
 
 def _platform_of(flat_args) -> str:

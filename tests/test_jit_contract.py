@@ -247,3 +247,65 @@ def test_fallback_warning_is_attributed_to_the_users_line():
 def test_public_exceptions_are_exported():
     for name in ("CompileError", "DeletedArgumentError", "UnsupportedPrimitiveError", "VerifyError"):
         assert issubclass(getattr(jnova, name), Exception) and name in jnova.__all__
+
+
+# --------------------------------------------------------------------------- what a signature is
+def test_weak_and_strong_values_of_one_leaf_alternate_like_jit():
+    """A Python float (weakly typed) and an f32 scalar (strong) have one shape and dtype but promote
+    differently against bf16: jax.jit traces each on its own. jnova's last-signature dispatch (jax's
+    compiled object, which takes either) must not run one for the other, at the top level or nested."""
+    def step(scale, y, hyper):
+        return scale * y, hyper["lr"] * y
+
+    y = jnp.arange(4, dtype=jnp.bfloat16) + 1
+    compiled, jitted = jnova.compile(step), jax.jit(step)
+    calls = [(jnp.float32(1.5), {"lr": jnp.float32(0.5)}), (1.5, {"lr": jnp.float32(0.5)}),
+             (1.5, {"lr": 0.5}), (jnp.float32(1.5), {"lr": 0.5}), (jnp.float32(1.5), {"lr": jnp.float32(0.5)})]
+    for scale, hyper in calls:
+        got, want = compiled(scale, y, hyper), jitted(scale, y, hyper)
+        assert [g.dtype for g in got] == [w.dtype for w in want], (scale, hyper)
+        assert_trees_close(got, want)
+    assert compiled.compile_count == 4
+
+
+def test_the_jax_configuration_tracing_reads_is_part_of_the_key_like_jit():
+    """jax.jit's cache key holds the configuration tracing reads: a step compiled outside a context
+    is not reused inside it (the PRNG's partitioning changes the random bits, rank promotion "raise"
+    raises)."""
+    def sample(key):
+        return jax.random.uniform(key, (8,))
+
+    key = jax.random.key(fresh_seed())
+    compiled = jnova.compile(sample)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the PRNG's primitives run as XLA ops, with a warning
+        for partitionable in (True, False, True):
+            with jax.threefry_partitionable(partitionable):
+                assert_trees_close(compiled(key), jax.jit(sample)(key))
+    assert compiled.compile_count == 2
+
+    def add(a, b):
+        return a + b
+
+    compiled = jnova.compile(add)
+    compiled(jnp.ones(3), jnp.ones((2, 1)))
+    with jax.numpy_rank_promotion("raise"):
+        with pytest.raises(ValueError, match="rank_promotion|broadcast"):
+            jax.jit(add)(jnp.ones(3), jnp.ones((2, 1)))
+        with pytest.raises(ValueError, match="rank_promotion|broadcast"):
+            compiled(jnp.ones(3), jnp.ones((2, 1)))
+
+
+def test_debug_nans_raises_floating_point_error_at_the_operation_like_jit():
+    """Under jax.debug_nans, a NaN in a compiled step's output makes jax.jit run the function uncompiled
+    and raise FloatingPointError where it appears; jnova raises the same error (not jax's private one)."""
+    def f(a):
+        return jnp.sum(jnp.log(a - 2.0)) + jnp.tanh(a)
+
+    a = jnp.ones(3)
+    with jax.debug_nans(True):
+        want = _raised(lambda: jax.jit(f)(a))
+        got = _raised(lambda: jnova.compile(f)(a))
+    assert type(want) is type(got) is FloatingPointError
+    assert "log" in str(want) and "log" in str(got)
+    assert not jnp.isnan(jnova.compile(f)(a + 2.5)).any()  # and without the context, it just computes

@@ -22,6 +22,40 @@ def source_line(eqn) -> str:
         return ""
 
 
+def trace_context() -> tuple:
+    """The JAX configuration that tracing reads (matmul precision, the PRNG implementation and its
+    partitioning, dtype and rank promotion, x64, ...): part of jax.jit's cache key, so a step traced in one
+    context is never reused in another."""
+    from jax._src import config
+
+    return config.trace_context()
+
+
+try:  # what jax's dispatch raises when jax.debug_nans / debug_infs finds one in a compiled step's outputs
+    from jax._src.api_util import InternalFloatingPointError
+except ImportError:  # pragma: no cover - a JAX without it raises FloatingPointError itself
+    class InternalFloatingPointError(Exception):
+        ty = "nan"
+
+
+def raise_where_invalid(found: Exception, fn, args, kwargs):
+    """jax.jit's answer to a NaN or Inf that jax.debug_nans / debug_infs finds in a compiled step's
+    outputs: the function run again without compiling it, which raises FloatingPointError at the
+    operation that produced it; if it produces none, a FloatingPointError that says so."""
+    import logging
+
+    logging.getLogger("jnova").warning("jnova: invalid value (%s) in the output of a compiled step; running the "
+                                       "function uncompiled to find where", getattr(found, "ty", "nan"))
+    try:
+        fn(*args, **kwargs)
+    except (FloatingPointError, ZeroDivisionError) as e:
+        raise e from None
+    raise FloatingPointError(f"invalid value ({getattr(found, 'ty', 'nan')}) encountered in the output of the "
+                             f"jnova-compiled {getattr(fn, '__qualname__', 'function')}; run uncompiled, it "
+                             "produced none (as jax.jit, the compiled form can differ, e.g. by fusing or "
+                             "reordering arithmetic)") from None
+
+
 def bind_equation(eqn, ins: list):
     """Bind a jaxpr equation's primitive to `ins`, as jax's own jaxpr evaluation does: a higher-order
     primitive (shard_map, pmap's, a call) takes its sub-jaxpr as a function (`get_bind_params`), not

@@ -329,6 +329,7 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
         ARTIFACTS.put(key, compiled)
     plan_json = plan_to_json(plan)
     meta = {"backend": backend, "plan": plan_json, "site_paths": program.site_paths,
+            "names": [captured.in_names, captured.out_names],
             "held_constants": [{"dtype": c.dtype.name, "shape": list(c.shape), "hex": c.tobytes().hex()}
                                for c in program.held_constants],
             "fallbacks": program.fallbacks, "nova_ops": len(func.ops), "refused_fusions": fusion.refused,
@@ -385,10 +386,32 @@ def _restore(entry: dict, captured: Captured, key: str, donate, stage, times, op
         run = jax.jit(step_function(plan_json, sites, compiled.handles, large_constants(captured) + held,
                                     captured.in_avals, captured.out_avals), donate_argnums=donate,
                       compiler_options=dict(options.xla_options) or None)
-    texts = {"nova": entry["nova.mlir"], **compiled.texts}
+    texts = {"nova": _named_for(entry["nova.mlir"], meta.get("names"), captured), **compiled.texts}
     dump = _dump("step", key, captured, texts, meta, times, restored_from=cache_dir())
     log.info("jnova restored a compiled step from the persistent cache in %.2f s", sum(times.values()))
     return Executable(run, captured, meta, key, texts, times, "disk", dump=dump)
+
+
+def _named_for(nova_text: str, stored_names, captured: Captured) -> str:
+    """The cached nova text with this step's argument and result names. The cache's key is the program's
+    structure: a step whose arguments are named otherwise (another function of the same structure) reads
+    the entry of the one that stored it. Its names are replaced, and its source locations, which are
+    that function's, dropped, with a comment saying so."""
+    if stored_names == [captured.in_names, captured.out_names]:
+        return nova_text
+    from jnova.dialect.parse import parse_module
+
+    func = parse_module(nova_text, verify=False)
+    if stored_names is None and func.arg_names[:len(captured.in_names)] == captured.in_names \
+            and func.result_names == captured.out_names:
+        return nova_text
+    func.arg_names = captured.in_names + func.arg_names[len(captured.in_names):]
+    func.result_names = list(captured.out_names)
+    for op in func.ops:
+        op.loc = None
+    return ("// restored from jnova's persistent cache, stored by a step of the same structure: the names are\n"
+            "// this step's; source locations are not kept (JNOVA_CACHE_DIR=off compiles the step anew)\n"
+            "module {\n" + func.print(debug_info=True) + "\n}\n")
 
 
 def _dump(name: str, key: str, captured: Captured, texts: dict, meta: dict, times: dict,

@@ -169,3 +169,29 @@ def test_xla_compiles_are_cached_with_jnovas_cache(tmp_path):
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.strip().splitlines()[-1])["folder"] == str(theirs)
     assert not (tmp_path / "jnova" / "xla").exists()
+
+
+def test_a_step_restored_from_another_steps_entry_shows_its_own_names(tmp_path, monkeypatch):
+    """The cache's key is the program's structure, so a function of the same structure with other
+    argument names restores the entry another stored: its nova text names its own arguments and
+    results, not the other's, and says that the source locations were not kept."""
+    monkeypatch.setenv("JNOVA_CACHE_DIR", str(tmp_path))
+    ARTIFACTS.clear()
+
+    def first(params, lr):
+        return params * lr
+
+    def second(weights, scale):
+        return {"moved": weights * scale}
+
+    x = jnp.ones(3)
+    stored = jnova.compile(first).lower(x, 2.0)
+    ARTIFACTS.clear()
+    restored = jnova.compile(second).lower(x, 2.0)
+    assert restored.stats()["cache_hit"] == "disk"
+    text = restored.as_text("nova")
+    assert 'jnova.name = "weights"' in text and 'jnova.name = "scale"' in text
+    assert "result['moved']" in text and "params" not in text and "first" not in text and "loc(" not in text
+    assert "source locations are not kept" in text
+    again = jnova.compile(first).lower(x, 2.0).as_text("nova")  # the function that stored it: as stored
+    assert again == stored.as_text("nova") and 'first"("' in again and "not kept" not in again

@@ -204,6 +204,17 @@ def test_max_min_propagate_nan_and_order_signed_zeros():
     np.testing.assert_array_equal(np.signbit(got[1][:2]), [True, True])
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+def test_sign_of_zeros_nans_and_subnormals_is_jits_bit_for_bit(rng, dtype):
+    """sign keeps NaN and a zero's sign; a subnormal, which XLA's CPU reads as zero, gives a signed zero
+    (as jax.jit's), never the subnormal itself."""
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    x = np.concatenate([[0.0, -0.0, np.nan, np.inf, -np.inf, tiny * 0.1, -tiny * 0.3, tiny, -2.5],
+                        rng.standard_normal(16)]).astype(F32).astype(dtype)
+    got, want = compile_and_jit(jnp.sign, x)
+    np.testing.assert_array_equal(np.asarray(got, F32).view(np.uint32), np.asarray(want, F32).view(np.uint32))
+
+
 def test_pow_with_integer_exponent_array(rng):
     x = floats(rng, 200, F32, -1, 0.5)
     y = rng.integers(-4, 5, x.size).astype(np.int32)

@@ -87,7 +87,9 @@ def _float_unary(s, op, x, e, wide):
         return f("arith.mulf", x, x)
     if name == "nova.sign":  # -1, 0 or +1; keeps NaN and signed zero
         zero = s.const(0.0, wide)
-        negative = f("arith.select", f("arith.cmpf olt", x, zero), s.const(-1.0, wide), x)
+        # neither side of zero: x * 0 keeps NaN and the zero's sign, and gives a signed zero for a
+        # subnormal that the comparisons read as zero (XLA's CPU flushes subnormals), as XLA's sign does
+        negative = f("arith.select", f("arith.cmpf olt", x, zero), s.const(-1.0, wide), f("arith.mulf", x, zero))
         return f("arith.select", f("arith.cmpf ogt", x, zero), s.const(1.0, wide), negative)
     if name == "nova.is_finite":
         return f("math.isfinite", x)

@@ -17,6 +17,7 @@ import optax
 import pytest
 
 import jnova
+from jnova.runtime.cache import ARTIFACTS
 from difftest.compare import Tolerance
 from difftest.steps import leaf_errors
 
@@ -252,3 +253,26 @@ def test_reusing_a_donated_argument_raises_like_jit():
         step(a)
     assert step.compile_count == 1
     np.testing.assert_array_equal(np.asarray(step(jnp.full(4, 3.0))), np.full(4, 6.0))  # fresh arguments run
+
+
+def test_an_op_the_cpu_has_no_code_for_runs_as_xla_ops_with_a_warning(tmp_path, monkeypatch):
+    """float64 erf_inv (jax.random.normal's under x64): the CPU lowering has only the single-precision
+    approximation. Its kernel runs as XLA ops, as on the GPU, with a warning at the user's line, and the
+    step restored from the persistent cache runs it the same way. It used to be a CompileError."""
+    def f(key, x):
+        return jnp.sum(jax.random.normal(key, (64,)) * x) + jnp.sum(jax.lax.erf_inv(jnp.tanh(x)))
+
+    monkeypatch.setenv("JNOVA_CACHE_DIR", str(tmp_path))
+    with jax.enable_x64(True):
+        key, x = jax.random.key(np.random.default_rng().integers(1 << 30)), jnp.linspace(-1.0, 1.0, 64)
+        want = jax.jit(f)(key, x)
+        for kernels in ("auto", "fused"):
+            with pytest.warns(UserWarning, match="erf_inv on float64") as caught:
+                got = jnova.compile(f, kernels=kernels)(key, x)
+            assert any(w.filename == __file__ for w in caught if "erf_inv" in str(w.message))
+            assert got.dtype == want.dtype == jnp.float64
+            np.testing.assert_allclose(got, want, rtol=1e-12)
+        ARTIFACTS.clear()
+        restored = jnova.compile(f)
+        np.testing.assert_allclose(restored(key, x), want, rtol=1e-12)
+        assert restored.stats()[0]["cache_hit"] == "disk"

@@ -26,6 +26,7 @@ from jnova.errors import CompileError, LoweringError
 from jnova.passes.plan import Kernel, Plan
 from jnova.primitives.nova_kernel import KernelHandle
 from jnova.primitives.nova_to_jax import evaluate_ops
+from jnova.runtime import user_code
 from jnova.runtime.progress import Progress
 
 log = logging.getLogger("jnova")
@@ -138,31 +139,52 @@ def _gpu_sce_refusal(target) -> Callable[[Op], str | None]:
 
 # --------------------------------------------------------------------------- CPU
 def compile_cpu(plan: Plan, stage=lambda name: nullcontext()) -> CompiledKernels:
+    """The plan's kernels as one LLVM module. A kernel the CPU lowering does not take (an op in a dtype
+    it has no code for, such as float64 erf_inv) runs as XLA ops instead, with a warning naming why."""
+    lowered, groups = [], {}
     with stage("to_linalg"):            # each kernel becomes a destination-passing func
-        try:
-            linalg = "module {\n" + "\n".join(kernel_to_linalg(k.name, k.ops, k.inputs, k.outputs)
-                                               for k in plan.kernels) + "\n}\n"
-        except LoweringError as e:
-            raise CompileError("to_linalg", str(e)) from None
+        for k in plan.kernels:
+            try:
+                lowered.append(kernel_to_linalg(k.name, k.ops, k.inputs, k.outputs))
+            except LoweringError as e:
+                groups[k.name] = str(e)
+    by_name = {k.name: k for k in plan.kernels}
+    for name, reason in groups.items():
+        where = next((op.loc for op in by_name[name].ops if op.loc), None)
+        user_code.warn(f"jnova: the CPU has no code for a kernel's op ({reason}); its kernel runs as XLA ops",
+                       location=where)
+    linalg = "module {\n" + "\n".join(lowered) + "\n}\n"
     with stage("lower_cpu"):            # bufferize, loops, LLVM dialect (in the isolated worker)
-        llvm = cpu.lower_to_llvm(linalg)
-    return _cpu_handles(plan.kernels_json(), linalg, llvm, stage)
+        llvm = cpu.lower_to_llvm(linalg) if lowered else ""
+    files = {"linalg.mlir": linalg, "llvm.mlir": llvm,
+             "xla_groups.json": json.dumps({n: func_to_json(group_func(by_name[n], n)) for n in groups}),
+             "xla_reasons.json": json.dumps(groups)}
+    return _cpu_handles(plan.kernels_json(), files, stage)
 
 
 def restore_cpu(files: dict[str, str], plan_json: dict, stage=lambda name: nullcontext()) -> CompiledKernels:
-    return _cpu_handles([s for s in plan_json["steps"] if "kernel" in s], files["linalg.mlir"], files["llvm.mlir"], stage)
+    return _cpu_handles([s for s in plan_json["steps"] if "kernel" in s], files, stage)
 
 
-def _cpu_handles(kernel_steps, linalg: str, llvm: str, stage) -> CompiledKernels:
+def _cpu_handles(kernel_steps, files: dict[str, str], stage) -> CompiledKernels:
+    linalg, llvm = files["linalg.mlir"], files["llvm.mlir"]
+    groups = {name: func_from_json(d) for name, d in json.loads(files.get("xla_groups.json", "{}")).items()}
     with stage("jit_llvm"):             # LLVM ORC JIT through the MLIR ExecutionEngine
-        executable = cpu.jit_llvm(llvm)
+        executable = cpu.jit_llvm(llvm) if llvm else None
     handles = {}
     for step in kernel_steps:
         name, types = step["kernel"], _types(step)
+        if name in groups:
+            f = groups[name]
+            handles[name] = evaluate_ops(f.ops, f.args, f.returns)
+            continue
         run = (lambda name, types: lambda *xs: executable.run(name, list(xs), types))(name, types)
         handles[name] = KernelHandle(name, types, "cpu", run, out_deps=step.get("deps"),
                                      aliases=tuple(map(tuple, step.get("reuses", ()))))
-    return CompiledKernels(handles, {"linalg": linalg, "llvm": llvm}, {"linalg.mlir": linalg, "llvm.mlir": llvm})
+    texts = {"linalg": linalg, "llvm": llvm}
+    if groups:
+        texts["xla_groups"] = "module {\n" + "\n".join(f.print() for f in groups.values()) + "\n}\n"
+    return CompiledKernels(handles, texts, files, json.loads(files.get("xla_reasons.json", "{}")))
 
 
 # --------------------------------------------------------------------------- GPU

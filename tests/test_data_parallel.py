@@ -221,3 +221,62 @@ def test_bucket_plan_prints_each_bucket_with_its_bytes_values_and_start():
                    for line in body), table
     no_buckets = jnova.compile(lambda a: a * 2.0).lower(jnp.ones(3)).as_text("buckets")
     assert no_buckets.startswith("no all-reduce buckets")
+
+
+PLACEMENTS = """
+import json, os, warnings
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import jnova
+from helpers.data_parallel import problem, sgd_step
+
+warnings.simplefilter("ignore")  # the shard_map primitive runs as an XLA op, with a warning
+report = {}
+rng = np.random.default_rng()
+# the same step on arrays committed to one device, then to the other: jax.jit compiles for each
+f = lambda x: jnp.tanh(x) * 2
+step = jnova.compile(f)
+x = jnp.asarray(rng.standard_normal(8), jnp.float32)
+for d in jax.devices():
+    got = step(jax.device_put(x, d))
+    report[f"device {d.id} error"] = float(np.abs(np.asarray(got) - np.asarray(jax.jit(f)(x))).max())
+    report[f"device {d.id} placed"] = [g.id for g in got.devices()] == [d.id]
+report["compiles"] = step.compile_count
+# jax.make_mesh's axes are Explicit: the arrays' sharding is part of their type
+mesh = jax.make_mesh((2,), ("d",))
+report["axis_types"] = str(mesh.axis_types)
+w, x, y = problem(rng, 2)
+w = jax.device_put(w, NamedSharding(mesh, P()))
+x, y = (jax.device_put(a, NamedSharding(mesh, P("d"))) for a in (x, y))
+specs = dict(mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=(P(), P()))
+want = jax.jit(jax.shard_map(sgd_step, **specs))(w, x, y)
+runs = {"jnova(shard_map)": jnova.compile(jax.shard_map(sgd_step, **specs))(w, x, y),
+        "shard_map(jnova)": jax.jit(jax.shard_map(jnova.compile(sgd_step), **specs))(w, x, y)}
+for name, got in runs.items():
+    report[name] = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) / float(np.abs(np.asarray(b)).max())
+                       for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True))
+# a plain step (no shard_map) on explicitly sharded arrays: the same values as jax.jit's
+plain = lambda w, x: (jnp.sum(jnp.tanh(x @ w["a"] + w["b"])), jnp.sin(x) * 2)
+got, want = jnova.compile(plain)(w, x), jax.jit(plain)(w, x)
+report["plain"] = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) / float(np.abs(np.asarray(b)).max())
+                      for a, b in zip(got, want))
+report["elementwise keeps the sharding"] = got[1].sharding.spec == want[1].sharding.spec
+print(json.dumps(report))
+"""
+
+
+def test_placements_and_explicit_meshes_like_jax_jit():
+    """What jax.jit keys on and checks besides shapes: a step called on another device compiles for it
+    (jnova's key had no device: the second call raised); arrays sharded over `jax.make_mesh`'s Explicit
+    axes carry their sharding in their type, which shard_map checks while tracing (jnova traced them
+    unsharded: shard_map refused its in_specs) and which a kernel's result keeps."""
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", PLACEMENTS], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report.pop("axis_types") == "(Explicit,)", "jax.make_mesh's default axes changed: the test needs Explicit"
+    assert report.pop("compiles") == 2 and report.pop("device 0 placed") and report.pop("device 1 placed")
+    assert report.pop("elementwise keeps the sharding")
+    assert all(err <= 1e-5 for err in report.values()), report

@@ -16,7 +16,7 @@ import jax
 from jax.extend import core as jex_core
 
 from jnova.capture.precision import context_precision
-from jnova.runtime.jax_internals import is_key, varying_axes
+from jnova.runtime.jax_internals import explicit_sharding, is_key, varying_axes
 
 
 @dataclass
@@ -133,7 +133,8 @@ def abstract(x) -> jax.ShapeDtypeStruct:
         dtype = x.dtype if is_key(x.dtype) else jax.dtypes.canonicalize_dtype(x.dtype)  # keys stay keys
         if isinstance(x, jax.ShapeDtypeStruct) and dtype == x.dtype:
             return x
-        return jax.ShapeDtypeStruct(x.shape, dtype, weak_type=bool(getattr(x, "weak_type", False)))
+        return jax.ShapeDtypeStruct(x.shape, dtype, weak_type=bool(getattr(x, "weak_type", False)),
+                                    sharding=explicit_sharding(x))
     try:
         aval = jax.typeof(x)   # jax.core.get_aval was removed in JAX 0.10
     except TypeError:

@@ -14,7 +14,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
 from jnova.dialect.types import TensorType, numpy_dtype
-from jnova.runtime.jax_internals import lowering_on_one_device, varying_axes
+from jnova.runtime.jax_internals import lowering_on_one_device, replicated, varying_axes
 
 log = logging.getLogger("jnova")
 
@@ -53,7 +53,9 @@ def _abstract_eval(*avals, kernel: KernelHandle):
 def _result_aval(kernel: KernelHandle, sources: list, t: TensorType):
     """A result's aval, as a JAX op would give it: its operands' (`sources`) updated to its type, which
     keeps their sharding and the manual mesh axes they vary over inside shard_map; a result computed
-    from constants only is a plain, invariant array."""
+    from constants only is a plain, invariant array. Where the result's shape is not its operand's, an
+    Explicit-axes sharding (part of the type under `jax.make_mesh`) becomes replicated over the mesh:
+    a jnova kernel is not partitioned by XLA, which replicates its operands for it."""
     if not sources:
         return jax.core.ShapedArray(t.shape, numpy_dtype(t.dtype))
     widest = max(sources, key=lambda a: len(varying_axes(a)))
@@ -61,6 +63,9 @@ def _result_aval(kernel: KernelHandle, sources: list, t: TensorType):
         raise TypeError(f"jnova kernel {kernel.name} combines values that vary over different mesh axes "
                         f"({sorted(map(sorted, {varying_axes(a) for a in sources}))}); JAX's own ops would "
                         "have made them agree (jax.lax.pvary) before combining them")
+    if tuple(t.shape) != tuple(widest.shape):  # the operand's sharding spec is for its own shape
+        return widest.update(shape=t.shape, dtype=numpy_dtype(t.dtype), weak_type=False,
+                             sharding=replicated(widest.sharding))
     return widest.update(shape=t.shape, dtype=numpy_dtype(t.dtype), weak_type=False)
 
 

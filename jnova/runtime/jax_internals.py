@@ -22,6 +22,26 @@ def source_line(eqn) -> str:
         return ""
 
 
+def explicit_sharding(x):
+    """An array's sharding where it is part of its type: a NamedSharding over a mesh with Explicit axes
+    (`jax.make_mesh`'s default), whose spec shard_map and sharding-in-types check while tracing; None
+    otherwise (an Auto mesh's sharding is XLA's to propagate, not the trace's)."""
+    sharding = getattr(x, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    axis_types = getattr(mesh, "axis_types", ())
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    return sharding if explicit is not None and explicit in axis_types else None
+
+
+def replicated(sharding):
+    """`sharding` (an aval's: a NamedSharding, possibly over an abstract mesh) with every axis
+    replicated; anything else as is."""
+    spec = getattr(sharding, "spec", None)
+    if spec is None or not any(p is not None for p in spec):
+        return sharding
+    return sharding.update(spec=jax.sharding.PartitionSpec())
+
+
 def trace_context() -> tuple:
     """The JAX configuration that tracing reads (matmul precision, the PRNG implementation and its
     partitioning, dtype and rank promotion, x64, ...): part of jax.jit's cache key, so a step traced in one

@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Sequence
 
 import jax
 
-from jnova.capture.trace import function_name
+from jnova.capture.trace import dynamic_signature, function_name
 from jnova.errors import DeletedArgumentError
 from jnova.options import Options
 from jnova.runtime.jax_internals import (InternalFloatingPointError, raise_where_invalid, resolve_argnums,
@@ -180,7 +180,8 @@ class CompiledStep:
             flat, tree = jax.tree_util.tree_flatten((args, kwargs))
         try:
             avals = tuple(map(_signature, flat))
-        except TypeError:  # not an array: the error names the function and the argument's path
+        except (TypeError, OverflowError):  # not an array, or an int too large: the error names the
+            # function and the argument's path
             from jnova.capture.trace import abstract_arguments
 
             abstract_arguments(self.fn, *_with_statics(args, kwargs, static, positions), positions,
@@ -207,6 +208,7 @@ class CompiledStep:
             executable = compile_step(self.fn, full_args, full_kwargs, self.options, backend, target, donate,
                                       static_argnums=positions, static_argnames=self.arguments.static_argnames)
             executable.donated_arguments = (donate_positions, donate_names)
+            executable.named_as = dynamic_signature(self.fn, positions, self.arguments.static_argnames)
             self.compile_count += 1
             self._executables[key] = executable
         return executable

@@ -138,13 +138,14 @@ class Executable:
     call: Callable | None = None  # jax's compiled step, called with the user's pytrees (`prepare`)
     dump: StepDump | None = None  # where JNOVA_DUMP_DIR keeps this step's stages (None: not dumped)
     donated_arguments: tuple = ((), ())  # (dynamic positions, keyword names) the call donates
+    named_as: tuple | None = None  # (name, signature of the dynamic arguments) of the user's function
 
     def prepare(self, args, kwargs, donate_argnums: tuple[int, ...], donate_argnames: tuple[str, ...],
                 xla_options: dict | None) -> None:
         """Lower and compile with XLA (timing "xla_lower" and "xla_compile") the step that takes the
         arguments as the user passes them: `call`, jax's compiled object, whose C++ dispatch flattens
         the pytrees and checks their types. Called as `fn` is, it runs `run` (inlined)."""
-        step = _pytree_step(self.run, self.captured.out_tree)
+        step = _pytree_step(self.run, self.captured.out_tree, self.named_as)
         jitted = jax.jit(step, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                          compiler_options=xla_options)
         with collector.paused():
@@ -160,7 +161,7 @@ class Executable:
         """The memory report of the step XLA compiles for these arguments (memory_report.py): the step is
         compiled as `prepare` compiles it, with XLA's dump of its buffer plan on. Written to the step's
         dump folder as memory.txt and memory.json when JNOVA_DUMP_DIR is set."""
-        step = _pytree_step(self.run, self.captured.out_tree)
+        step = _pytree_step(self.run, self.captured.out_tree, self.named_as)
         with collector.paused():
             lowered = jax.jit(step, donate_argnums=donate_argnums, donate_argnames=donate_argnames).lower(*args, **kwargs)
             compiled, texts = compile_with_buffer_dump(lowered, xla_options)
@@ -349,14 +350,20 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     return Executable(run, captured, meta, key, texts, times, "memory" if cache_hit else None, dump=dump)
 
 
-def _pytree_step(run: Callable, out_tree) -> Callable:
+def _pytree_step(run: Callable, out_tree, named_as: tuple | None = None) -> Callable:
     """`run` (flat arguments, flat results) called with the user's pytrees and returning theirs. The
-    function `run` jits, not `run`: a nested jit may not carry XLA options (jax refuses them)."""
+    function `run` jits, not `run`: a nested jit may not carry XLA options (jax refuses them). With
+    `named_as` (the user's function's name and the signature of its dynamic arguments), jax's errors
+    about the arguments (wrong devices, an overflowing integer, an AOT call's shapes) name the user's
+    function and arguments, as jax.jit's do, not this wrapper's `args[1]`."""
     flat_step = getattr(run, "__wrapped__", run)
 
     def step(*args, **kwargs):
         return jax.tree_util.tree_unflatten(out_tree, flat_step(*jax.tree_util.tree_leaves((args, kwargs))))
 
+    if named_as is not None:
+        step.__name__ = step.__qualname__ = named_as[0]
+        step.__signature__ = named_as[1]
     return step
 
 

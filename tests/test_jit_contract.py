@@ -220,6 +220,25 @@ def test_tracing_error_names_the_users_function_and_argument_path_like_jit():
     assert "flat_fn" not in message and "trace.py" not in message and "flat[" not in message, message
 
 
+def train_step(params, scale, x, *, mode="tanh"):
+    y = x @ params["w"] * scale
+    return jnp.tanh(y).sum() if mode == "tanh" else jnp.sin(y).sum()
+
+
+def test_errors_from_the_compiled_steps_dispatch_name_the_users_arguments_like_jit():
+    """Errors jax raises while dispatching the compiled step (an AOT-compiled call with other shapes, a
+    Python int beyond int32) name the user's function and argument (`x`, `train_step`), as jax.jit's,
+    not jnova's wrapper (`args[1]`, `step`), static arguments left out as jax.jit leaves them out."""
+    params, x = {"w": _normal(4, 3)}, _normal(2, 4)
+    for compile_ in (jax.jit, jnova.compile):
+        compiled = compile_(train_step, static_argnums=1, static_argnames="mode")
+        aot = compiled.lower(params, 2.0, x, mode="sin").compile()
+        message = str(_raised(lambda: aot(params, _normal(3, 4))))
+        assert "'x'" in message and "args[" not in message, (compile_, message)
+        overflow = _raised(lambda: compiled(params, 2.0, 2**40))
+        assert type(overflow) is OverflowError and " x" in str(overflow) and "args[" not in str(overflow)
+
+
 # --------------------------------------------------------------------------- warnings at the user's line
 no_rule_p = jex_core.Primitive("jnova_test_contract_no_rule")
 no_rule_p.def_impl(lambda x: jnp.abs(x))

@@ -101,6 +101,19 @@ def function_name(fn: Callable) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
+def dynamic_signature(fn: Callable, static_argnums=(), static_argnames=()) -> tuple | None:
+    """(name, signature without the static parameters) of `fn`, for naming the arguments of the step
+    jax compiles around its dynamic ones; None where `fn` has no signature to read."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    kept = [p for i, p in enumerate(signature.parameters.values())
+            if not (p.kind in positional and i in static_argnums) and p.name not in static_argnames]
+    return function_name(fn), signature.replace(parameters=kept)
+
+
 def leaf_paths(tree, root: str) -> list[str]:
     """The path of every leaf of `tree` below `root`, as jax spells it: `params['h_0']['w']`."""
     return [root + jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
@@ -119,6 +132,10 @@ def _abstract_tree(fn: Callable, tree, root: str):
                 "not an array; pass arrays, "
                 "Python scalars or pytrees of them, or mark the argument static (static_argnums / "
                 "static_argnames, as in jax.jit)") from None
+        except OverflowError as e:  # a Python int beyond int32 (int64 with x64)
+            where = root + jax.tree_util.keystr(path)
+            raise OverflowError(f"jnova.compile: an overflow was encountered while parsing argument {where} of "
+                                f"{function_name(fn)} (a {type(x).__name__} of value {x!r}): {e}") from None
 
     return jax.tree_util.tree_map_with_path(leaf, tree)
 

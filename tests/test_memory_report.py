@@ -38,8 +38,8 @@ def test_buffers_name_their_kind_and_kernels(report):
     kinds = report.by_kind()
     assert {"parameter", "optimizer state", "residual"} <= set(kinds), kinds
     params = [b for b in report.buffers if b.kind == "parameter"]
-    assert all(b.value.startswith("args[0]") for b in params)  # named by the argument's pytree path
-    assert all(b.value.startswith("args[1]") for b in report.buffers if b.kind == "optimizer state")
+    assert all(b.value.startswith("params") for b in params)  # named by the argument's name and pytree path
+    assert all(b.value.startswith("state") for b in report.buffers if b.kind == "optimizer state")
     computed = [b for b in report.buffers if b.kind in ("residual", "temporary") and b.value.startswith("kernel_")]
     assert computed
     for b in computed:  # written by a jnova kernel: which one, and the nova op that computed the value

@@ -278,3 +278,35 @@ def test_the_gpu_pipeline_raises_gelu_so_its_backward_reads_x_alone(monkeypatch,
     monkeypatch.setattr(backends, "RAISED_FOR_THEIR_BACKWARD", frozenset())
     generic = activation_outputs()
     assert raised < generic, (raised, generic)
+
+
+def test_a_gelu_gated_where_the_probes_did_not_reach_is_not_a_gelu():
+    """gelu(h) * (h < 8): equal to a GELU for every h within [-6, 6], where the probes were, and
+    raised as one (silently wrong above 8). The probes reach 1e4 now: the product stays as written."""
+    rng = np.random.default_rng()
+    w, x = _normal(rng, (8, 8)), _normal(rng, (16, 8), scale=4.0)
+
+    def step(w, x):
+        def loss(w):
+            h = x @ w
+            return jnp.sum((jax.nn.gelu(h) * (h < 8.0)) ** 2)
+        return jax.value_and_grad(loss)(w)
+
+    assert float(jnp.max(x @ w)) > 8.0
+    _assert_close(jnova.compile(step)(w, x), jax.jit(step)(w, x), "float32")
+
+
+def test_a_norm_output_masked_where_the_probes_did_not_reach_is_not_the_norm():
+    """LayerNorm(x) * (|y| < 50) with a scale up to 100: the probes' normalized values never reached 50,
+    so the masked product was raised as the LayerNorm. Probes reach ~1e4 now; the mask stays."""
+    rng = np.random.default_rng()
+    x, w2 = _normal(rng, (2, 12, 32), scale=2.0) + 0.5, _normal(rng, (32, 8))
+    params = {"scale": jnp.linspace(1.0, 100.0, 32), "bias": jnp.full(32, 0.1)}
+
+    def step(params, x, w2):
+        def loss(params):
+            y = nn.LayerNorm().apply({"params": params}, x)
+            return jnp.sum((y * (jnp.abs(y) < 50.0)) @ w2)
+        return jax.value_and_grad(loss)(params)
+
+    _assert_close(jnova.compile(step)(params, x, w2), jax.jit(step)(params, x, w2), "float32")

@@ -448,6 +448,10 @@ def _groups(func: Func, logits: Value, position: dict[Op, int]) -> list[_Group]:
         others = [leaf for leaf in cone.leaves if leaf is not logits and leaf not in ints]
         if len(ints) != 1 or ints[0].type.size != n or _RowModel(rows).shape(ints[0].type.shape)[-1] != PROBE_ROWS:
             continue
+        refusal = _label_use_refusal(cone, ints[0], logits)
+        if refusal is not None:
+            log.debug("raise_cross_entropy: %s from %s refused: %s", v.type, logits.type, refusal)
+            continue
         group = groups.setdefault(ints[0], _Group(logits, ints[0]))
         if loss_like and not others:
             group.losses.append(cone)
@@ -472,6 +476,49 @@ def _ignored_values(cones: list[_Cone], labels: Value) -> list[int]:
                     if value.size and (value == value[0]).all() and int(value[0]) not in found:
                         found.append(int(value[0]))
     return found
+
+
+def _label_use_refusal(cone: _Cone, labels: Value, logits: Value) -> str | None:
+    """Why the cone reads the labels in a way a few probe rows cannot tell from softmax cross-entropy's,
+    if it does: a gather at the labels from values not computed from the logits (class weights looked
+    up per label), or a comparison of the labels with a constant of several values (`jnp.isin(labels,
+    special_ids)`). Random probe labels miss the few classes such a table or set singles out, and the
+    loss would be raised without the weights or the mask (its count seen as a constant)."""
+    from_labels, from_logits = {labels}, {logits}
+    for op in cone.ops:
+        reads_labels = [v in from_labels for v in op.operands]
+        if any(reads_labels):
+            from_labels.update(op.results)
+        if any(v in from_logits for v in op.operands):
+            from_logits.update(op.results)
+        if op.name == "nova.gather" and any(reads_labels[1:]) and op.operands[0] not in from_logits:
+            return "it gathers values not computed from the logits at the labels (per-label weights)"
+        if op.name == "nova.compare" and any(reads_labels):
+            for v in op.operands:
+                c = _through_remaps(v).owner
+                if v not in from_labels and c is not None and c.name == "nova.constant":
+                    value = np.asarray(c.attrs["value"]).reshape(-1)
+                    if value.size > 1 and not (value == value[0]).all():
+                        return "it compares the labels with a set of several values"
+    return None
+
+
+def _boundaries(cones: list[_Cone], labels: Value) -> list[int]:
+    """Integer constants the cones compare the labels with by any predicate: probe labels on both sides
+    of each, so an ordering comparison (`labels < 100`) is never seen from one side only."""
+    found = set()
+    for cone in cones:
+        for op in cone.ops:
+            if op.name != "nova.compare":
+                continue
+            a, b = (_through_remaps(v) for v in op.operands)
+            for lab, other in ((a, b), (b, a)):
+                c = other.owner
+                if lab is labels and c is not None and c.name == "nova.constant":
+                    value = np.asarray(c.attrs["value"]).reshape(-1)
+                    if value.size and (value == value[0]).all() and float(value[0]).is_integer():
+                        found.add(int(value[0]))
+    return sorted(found)
 
 
 def _through_remaps(v: Value) -> Value:
@@ -505,8 +552,17 @@ def _probes(group: _Group, ignores: list[int], evaluate: Callable) -> list[_Prob
     mixed = [0, v - 1] + below + above
     label_sets.append(np.array(mixed + list(rng.integers(0, v, PROBE_ROWS - len(mixed)))))
     label_sets.append(np.resize(np.array(outside or [0]), PROBE_ROWS))
-    return [_Probe(model, group.logits, group.labels, rng.standard_normal(shape) * 2, labels, rng, evaluate)
-            for labels in label_sets]
+    for c in _boundaries(group.losses + group.grads, group.labels):
+        around = [x for x in (c - 1, c, c + 1) if info.min <= x <= info.max]
+        label_sets.append(np.array(around + list(rng.integers(0, v, PROBE_ROWS - len(around)))))
+    probes = [_Probe(model, group.logits, group.labels, rng.standard_normal(shape) * 2, labels, rng, evaluate)
+              for labels in label_sets]
+    # and rows whose logits span 80: probabilities down to e^-80, still normal in f32 and bf16, so a
+    # clip of the probabilities (`jnp.clip(softmax(x), 1e-7, 1)` before the log) binds
+    wide = rng.uniform(-40.0, 40.0, shape)
+    wide.reshape(PROBE_ROWS, -1)[:, :2] = (-40.0, 40.0)
+    probes.append(_Probe(model, group.logits, group.labels, wide, label_sets[0], rng, evaluate))
+    return probes
 
 
 def _dtype(cone: _Cone) -> str:

@@ -45,7 +45,8 @@ log = logging.getLogger("jnova.passes")
 
 FLOATS = ("float32", "bfloat16", "float16")
 MAX_CONE_OPS = 192    # an elementwise cone larger than this is not a GELU (converts between 16-bit ops count)
-PROBES = 97           # points a cone is evaluated at
+PROBES = 97 + 16      # points a cone is evaluated at: 97 within [-6, 6], then 16 wide ones (`WIDE`)
+WIDE = np.array([8.0, 10, 15, 25, 50, 100, 1e3, 1e4])  # and their negatives: a clip at any of these binds
 # how far a cone's values may be from the definition's (f64) and still be it: the rounding of its type
 PROBE_TOLERANCE = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 4e-2}
 CONE_NAMES = {"nova.convert", "nova.select", "nova.compare"}
@@ -146,10 +147,16 @@ def _vector_op(op: Op) -> Op:
 
 def _error(got: np.ndarray, want: np.ndarray, dtype: str) -> float:
     """The largest difference in units of the type's tolerance (relative, with an absolute floor of a
-    quarter of the largest value: the cancellations of 1 + tanh near -1); at most 1 is a match."""
-    tol = PROBE_TOLERANCE.get(dtype, 1e-4)
-    bound = tol * (np.abs(want) + 0.25 * np.abs(want).max() + 1e-6)
-    return float(np.max(np.abs(got - want) / bound))
+    quarter of the largest value: the cancellations of 1 + tanh near -1); at most 1 is a match. The
+    points within [-6, 6] and the wide ones are held each to its own floor: the wide ones' values
+    (up to 1e4) would make the floor of the others too loose to tell a GELU from another function."""
+    def error(got, want):
+        tol = PROBE_TOLERANCE.get(dtype, 1e-4)
+        bound = tol * (np.abs(want) + 0.25 * np.abs(want).max() + 1e-6)
+        return float(np.max(np.abs(got - want) / bound))
+
+    narrow = PROBES - 2 * len(WIDE)
+    return max(error(got[:narrow], want[:narrow]), error(got[narrow:], want[narrow:]))
 
 
 # --------------------------------------------------------------------------- GELU definitions (f64)
@@ -164,7 +171,10 @@ def _phi(x: np.ndarray, form: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _probe_points(rng: np.random.Generator, dtype: str) -> np.ndarray:
-    x = np.concatenate([np.linspace(-6, 6, PROBES - 17), rng.standard_normal(17) * 2])
+    """x within [-6, 6] (where GELU curves), then +-`WIDE`: where a GELU is x or 0, and a clip of it
+    (`jnp.minimum(gelu(x), 8.0)`), which points within [-6, 6] never reach, shows."""
+    narrow = PROBES - 2 * len(WIDE)
+    x = np.concatenate([np.linspace(-6, 6, narrow - 17), rng.standard_normal(17) * 2, WIDE, -WIDE])
     return x.astype(numpy_dtype(dtype)).astype(np.float64)
 
 
@@ -539,6 +549,7 @@ def _assign_params(cone, x, roles, params, centered, rng):
     """(scale leaf, bias leaf) that make the cone (x - mean) * rstd * scale + bias, each possibly None."""
     n = PROBES
     sample = {x: rng.standard_normal(n) * 2}
+    sample[x][n - 2 * len(WIDE):] *= 1e3  # normalized values up to ~1e4 too: a clip of the output binds
     ref = {"mean": rng.standard_normal(n), "rstd": rng.uniform(0.5, 2.0, n)}
     for leaf, role in roles.items():
         sample[leaf] = ref[role]

@@ -265,8 +265,11 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
                             else ("bfloat16",))
         dce(func, keep_sites=effect_sites)  # what the rewrites above leave unread
     per_group = options.kernels == "fused" or (options.kernels == "auto" and backend == "gpu")
-    with stage("raise_training"):       # where the backend keeps the ops (raised and expanded again, the
-        raised = {}                     # decomposition replaces the user's formula) and GELU (backends.py)
+    # where the backend keeps the ops (raised and expanded again, the decomposition replaces the user's
+    # formula) and GELU (backends.py). The probes are computed by JAX ops on NumPy values, eagerly even
+    # where the step is first called inside jax.jit or lax.scan (whose trace would stage them)
+    with stage("raise_training"), jax.ensure_compile_time_eval():
+        raised = {}
         training_ops = backends.raised_training_ops(backend, per_group)
         if training_ops:
             raised.update(raise_training(func, evaluate_op, training_ops))

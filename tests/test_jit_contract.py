@@ -328,3 +328,26 @@ def test_debug_nans_raises_floating_point_error_at_the_operation_like_jit():
     assert type(want) is type(got) is FloatingPointError
     assert "log" in str(want) and "log" in str(got)
     assert not jnp.isnan(jnova.compile(f)(a + 2.5)).any()  # and without the context, it just computes
+
+
+def test_a_step_first_compiled_inside_jit_or_scan_raises_its_training_ops_there():
+    """A jnova step whose first call is inside jax.jit or lax.scan compiles there: its raising passes
+    compute their probes with JAX ops on NumPy values, which the outer trace staged (a
+    TracerArrayConversionError); they run eagerly now, and the results are jax.jit's."""
+    import optax
+
+    w, x = _normal(8, 16), _normal(6, 8)
+    labels = jnp.arange(6) % 16
+
+    def loss(w, x):
+        h = jax.nn.gelu(x @ w)
+        h = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + 1e-6)
+        return optax.softmax_cross_entropy_with_integer_labels(h, labels).mean()
+
+    grad = jax.value_and_grad(loss)
+    for kernels in ("auto", "fused"):
+        step = jnova.compile(grad, kernels=kernels)
+        assert_trees_close(jax.jit(lambda w, x: step(w, x))(w, x), jax.jit(grad)(w, x))
+        step = jnova.compile(grad, kernels=kernels)
+        scanned = jax.lax.scan(lambda w, _: (w - 0.1 * step(w, x)[1], None), w, length=2)[0]
+        assert_trees_close(scanned, jax.lax.scan(lambda w, _: (w - 0.1 * grad(w, x)[1], None), w, length=2)[0])

@@ -310,3 +310,28 @@ def test_a_norm_output_masked_where_the_probes_did_not_reach_is_not_the_norm():
         return jax.value_and_grad(loss)(params)
 
     _assert_close(jnova.compile(step)(params, x, w2), jax.jit(step)(params, x, w2), "float32")
+
+
+K_GELU = float(np.sqrt(2 / np.pi))
+
+
+@pytest.mark.parametrize("activation, dtype", [
+    (lambda x: 0.5 * x * (1 + jnp.tanh(K_GELU * (x + 0.0446 * x ** 3))), "float32"),  # another coefficient
+    (lambda x: 0.5 * x * (1 + jnp.tanh(K_GELU * (x + 0.0447 * x ** 3))), "float32"),
+    (lambda x: 0.5 * x * (1 + jnp.tanh(K_GELU * x)), "bfloat16"),                     # no cubic term
+    (lambda x: 0.5 * x * (1 + jnp.tanh(K_GELU * (x + 0.03 * x ** 3))), "bfloat16")],
+    ids=["f32-0.0446", "f32-0.0447", "bf16-no-cubic", "bf16-0.03"])
+def test_an_activation_near_gelu_is_not_taken_for_it(activation, dtype):
+    """Functions within the old probe tolerance of GELU (1e-4 in f32, 4e-2 in bf16, with a floor of a
+    quarter of the largest value) but farther from it than their type's rounding were raised as GELU.
+    The cone is now evaluated in f32 (its constants rounded as the program has them) and held to that
+    rounding: they stay as written, and jnova is as close to the written function as jax.jit."""
+    rng = np.random.default_rng()
+    x, w = _normal(rng, (64, 16), dtype, scale=2.0), _normal(rng, (16, 4), dtype)
+
+    def step(x, w):
+        return jax.value_and_grad(lambda v: jnp.sum(activation(v) @ w).astype(jnp.float32))(x)
+
+    func = nova_func(step, x, w)
+    assert "nova.gelu" not in raise_training(func, evaluate_op)
+    _assert_close(jnova.compile(step)(x, w), jax.jit(step)(x, w), dtype)

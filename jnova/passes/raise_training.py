@@ -124,25 +124,50 @@ def _position(op: Op) -> int:
     return _POSITION[op]
 
 
-def _evaluate(cone: _Cone, samples: dict[Value, np.ndarray]) -> np.ndarray:
-    """The cone's root at the sample points: every op applied to [PROBES] vectors (constants as scalars)."""
+def _evaluate(cone: _Cone, samples: dict[Value, np.ndarray], widen: bool = False) -> np.ndarray:
+    """The cone's root at the sample points: every op applied to [PROBES] vectors (constants as scalars).
+    With `widen`, 16-bit float ops compute in f32: the function the cone's ops and constants define (its
+    constants rounded as the program has them), without the rounding of each step, so that it can be
+    told from another function by far less than the 16-bit type's tolerance."""
     env = {}
     for leaf, x in samples.items():
-        env[leaf] = jnp.asarray(x.astype(numpy_dtype(leaf.type.dtype)))
+        env[leaf] = jnp.asarray(_widened(x.astype(numpy_dtype(leaf.type.dtype)), widen))
     for op in cone.ops:
         s = _scalar(op.results[0])
         if s is not None and op.name in ("nova.constant", "nova.broadcast", "nova.reshape", "nova.convert"):
-            env[op.results[0]] = jnp.full((PROBES,), s, numpy_dtype(op.results[0].type.dtype))
+            env[op.results[0]] = jnp.asarray(_widened(np.full((PROBES,), s, numpy_dtype(op.results[0].type.dtype)), widen))
             continue
-        small = _vector_op(op)
+        small = _vector_op(op, widen)
         env[op.results[0]] = _EVALUATE[0](small, *[env[v] for v in op.operands])[0]
     return np.asarray(env[cone.root], np.float64)
 
 
-def _vector_op(op: Op) -> Op:
-    """`op` over [PROBES] vectors instead of its own shape (elementwise ops only)."""
-    small = OPS[op.name]([], [TensorType((PROBES,), r.type.dtype) for r in op.results], op.attrs)
+def _widened(x: np.ndarray, widen: bool) -> np.ndarray:
+    return x.astype(np.float32) if widen and x.dtype.name in ("bfloat16", "float16") else x
+
+
+def _vector_op(op: Op, widen: bool = False) -> Op:
+    """`op` over [PROBES] vectors instead of its own shape (elementwise ops only); with `widen`, 16-bit
+    float results in f32."""
+    def dtype(t):
+        return "float32" if widen and t.dtype in ("bfloat16", "float16") else t.dtype
+
+    small = OPS[op.name]([], [TensorType((PROBES,), dtype(r.type)) for r in op.results], op.attrs)
     return small
+
+
+# how far a GELU cone evaluated in f32 (`widen`) may be from the definition: its constants' rounding in
+# the cone's type (bf16's sqrt(2/pi) is 1.3e-3 off) and f32's own; relative to |gelu(x)| + |x|
+FUNCTION_TOLERANCE = {"float32": 4e-6, "float16": 1e-3, "bfloat16": 2.5e-3}
+
+
+def _function_error(got: np.ndarray, want: np.ndarray, scale: np.ndarray, dtype: str) -> float:
+    """The largest difference in units of `FUNCTION_TOLERANCE` times (|want| + scale), the scale of
+    the terms the function is computed from (|x| for a GELU): a function another one differs from by
+    more than its type's rounding is never taken for it (a tanh-GELU with another cubic coefficient,
+    0.5 x (1 + tanh(sqrt(2/pi) x)) in bf16)."""
+    bound = FUNCTION_TOLERANCE.get(dtype, FUNCTION_TOLERANCE["float32"]) * (np.abs(want) + scale + 1e-30)
+    return float(np.max(np.abs(got - want) / bound))
 
 
 def _error(got: np.ndarray, want: np.ndarray, dtype: str) -> float:
@@ -176,6 +201,15 @@ def _probe_points(rng: np.random.Generator, dtype: str) -> np.ndarray:
     narrow = PROBES - 2 * len(WIDE)
     x = np.concatenate([np.linspace(-6, 6, narrow - 17), rng.standard_normal(17) * 2, WIDE, -WIDE])
     return x.astype(numpy_dtype(dtype)).astype(np.float64)
+
+
+def _narrowest(cone: _Cone, *values: Value) -> str:
+    """The narrowest float type among `values` and the cone's results: the rounding of its constants."""
+    dtypes = {v.type.dtype for v in values} | {r.type.dtype for o in cone.ops for r in o.results}
+    for dtype in ("bfloat16", "float16"):
+        if dtype in dtypes:
+            return dtype
+    return "float32"
 
 
 def _widest(*dtypes: str) -> str:
@@ -267,11 +301,11 @@ def _raise_gelu_forward(func, uses, rng, replacements) -> dict[Value, str]:
             continue
         dtype = _widest(x.type.dtype, op.results[0].type.dtype) if x.type.dtype != op.results[0].type.dtype else x.type.dtype
         points = _probe_points(rng, x.type.dtype)
-        got = _evaluate(cone, {x: points})
-        kind = "bfloat16" if "bfloat16" in (x.type.dtype, op.results[0].type.dtype) else dtype
+        got = _evaluate(cone, {x: points}, widen=True)
+        kind = _narrowest(cone, x, op.results[0])
         # the form is the cone's (in bf16 the two differ by less than its rounding)
         form = "tanh" if any(o.name == "nova.tanh" for o in cone.ops) else "erf"
-        if _error(got, points * _phi(points, form)[0], kind) <= 1:
+        if _function_error(got, points * _phi(points, form)[0], np.abs(points), kind) <= 1:
             matches[op.results[0]] = (x, form)
         else:
             log.debug("raise_training: %s at %s: an elementwise function of one value with %s, not a GELU "
@@ -309,10 +343,10 @@ def _raise_gelu_backward(func, uses, rng, gelus: dict[Value, str], replacements)
             continue
         points = _probe_points(rng, x.type.dtype)
         d = rng.standard_normal(PROBES).astype(numpy_dtype(dy.type.dtype)).astype(np.float64)
-        got = _evaluate(cone, {x: points, dy: d})
+        got = _evaluate(cone, {x: points, dy: d}, widen=True)
         phi, xdphi = _phi(points, gelus[x])
-        types = (x.type.dtype, dy.type.dtype, op.results[0].type.dtype)
-        if _error(got, d * (phi + xdphi), "bfloat16" if "bfloat16" in types else "float32") <= 1:
+        kind = _narrowest(cone, x, dy, op.results[0])
+        if _function_error(got, d * (phi + xdphi), np.abs(d) * (1 + np.abs(points)), kind) <= 1:
             matches[op.results[0]] = (x, _as_rounded(cone, dy), gelus[x])
     for v in _maximal(matches, uses):
         x, dy, form = matches[v]

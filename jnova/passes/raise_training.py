@@ -256,14 +256,17 @@ def raise_training(func: Func, evaluate_op: Callable, ops: frozenset[str] = RAIS
 
 
 def _maximal(matches: dict[Value, object], uses: _Uses) -> list[Value]:
-    """The matched values read by something other than a matched value's convert (or returned)."""
+    """The matched values read by something other than a matched value's convert (or returned), less
+    a convert of one of them: it stays a convert, of the raised value (a bf16 GELU gradient that the
+    contractions read and, widened to f32, the bias gradient's sum: one raised op, not two)."""
     out = []
     for v in matches:
         readers = uses.users.get(v, [])
         only_converted = readers and all(u.name == "nova.convert" and u.results[0] in matches for u in readers)
         if not only_converted or v in uses.returned:
             out.append(v)
-    return out
+    kept = set(out)
+    return [v for v in out if not (v.owner is not None and v.owner.name == "nova.convert" and v.owner.operands[0] in kept)]
 
 
 def _candidates(func: Func):

@@ -80,3 +80,22 @@ def test_complex_and_fp8_values_run_as_xla_ops(tmp_path, monkeypatch):
         for g, w in zip(got, want):
             assert g.dtype == w.dtype
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_value_preserving_primitives_are_compiled_as_their_operand():
+    """checkpoint_name (jax's `name` primitive, for remat policies), stop_gradient and
+    optimization_barrier leave their operand's value as it is: compiled, with no fallback warning,
+    under a remat policy that saves the named value too."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    def loss(x):
+        h = checkpoint_name(jnp.tanh(x), "h")
+        return jnp.sum(lax.optimization_barrier(h) ** 2 + lax.stop_gradient(h) * x)
+
+    policy = jax.checkpoint_policies.save_only_these_names("h")
+    x = jnp.asarray(np.random.default_rng().standard_normal(16), jnp.float32)
+    for fn in (jax.grad(loss), jax.grad(jax.checkpoint(loss, policy=policy))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a fallback warns
+            got = jnova.compile(fn)(x)
+        np.testing.assert_allclose(got, jax.jit(fn)(x), rtol=1e-5, atol=1e-6)

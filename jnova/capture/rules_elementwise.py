@@ -89,7 +89,8 @@ def _convert(b, eqn, x):
     return x if out == x.type else b.emit("nova.convert", [x], out)
 
 
-@rule("stop_gradient", "copy", "copy_p", "optimization_barrier", "reduce_precision_identity")
+@rule("stop_gradient", "copy", "copy_p", "optimization_barrier", "reduce_precision_identity",
+      "name")  # jax.ad_checkpoint.checkpoint_name: a name for remat policies, its value unchanged
 def _identity(b, eqn, *xs):
     return list(xs)
 

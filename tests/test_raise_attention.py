@@ -207,6 +207,16 @@ def _probabilities_returned_too(q, k, v):
     return jnp.einsum("bhqk,bkhd->bqhd", p, v) + 0.01 * (p * jnp.log(p + 1e-9)).sum((1, 3))[:, :, None, None]
 
 
+_CONSTANT_BIAS = np.random.default_rng(0).standard_normal((1, H, T, T)).astype(np.float32)
+
+
+_PADDING = np.arange(T) < T - 3  # the last three keys are padding
+
+
+def _biased_and_masked(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, bias=_CONSTANT_BIAS, mask=jnp.broadcast_to(_PADDING, (1, 1, T, T)))
+
+
 def _scaled_by_a_tensor(q, k, v):
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * jnp.tanh(q[:, :, :, :1].transpose(0, 2, 1, 3))
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
@@ -217,6 +227,7 @@ def _scaled_by_a_tensor(q, k, v):
     (_softmax_over_queries, "does not contract the keys"),
     (_probabilities_returned_too, "a value of the softmax is"),
     (_scaled_by_a_tensor, "a score value (of a matmul) has 2 readers"),
+    (_biased_and_masked, "a bias and a mask together"),  # was a matching failure, logged as a warning
 ])
 def test_refused_forms_log_their_reason_and_stay_correct(attend, reason, caplog):
     _refused(attend, caplog, reason)

@@ -895,6 +895,8 @@ def _rewrite(func: Func, fw: Forward, bw: Backward | None) -> None:
     q4 = _arranged(b, q, ql, _target(layout, b_label, h_q, "i"), sizes, None)
     k4 = _arranged(b, k, kl, _target(layout, b_label, h_kv, "j"), sizes, dtype)
     v4 = _arranged(b, v, vl, _target(layout, b_label, h_kv, "j"), sizes, dtype)
+    if fw.mask is not None and fw.bias is not None:
+        raise Refused("a bias and a mask together (nova.attention takes one of them)")
     extra = {}
     for name, found in (("mask", fw.mask), ("bias", fw.bias)):
         if found is None:

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import jax
+from jax import ensure_compile_time_eval as eager_jax_ops  # JAX ops on concrete values run, even under a trace
 import numpy as np
 
 from jnova.capture.to_nova import MAX_INLINE_CONSTANT, find_site, large_constants, to_nova
@@ -268,7 +269,7 @@ def compile_step(fn: Callable, args: tuple, kwargs: dict, options: Options, back
     # where the backend keeps the ops (raised and expanded again, the decomposition replaces the user's
     # formula) and GELU (backends.py). The probes are computed by JAX ops on NumPy values, eagerly even
     # where the step is first called inside jax.jit or lax.scan (whose trace would stage them)
-    with stage("raise_training"), jax.ensure_compile_time_eval():
+    with stage("raise_training"), eager_jax_ops():
         raised = {}
         training_ops = backends.raised_training_ops(backend, per_group)
         if training_ops:

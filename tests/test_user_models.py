@@ -40,17 +40,22 @@ def _arrays(tree):
             for x in jax.tree.leaves(tree)]
 
 
-def result_errors(got, want, case: UserStep, what: str) -> list[str]:
+def result_errors(got, want, case: UserStep, what: str, exact=None) -> list[str]:
+    """What of jnova's results is beyond the step's tolerance of jax.jit's. With `exact` (the step in
+    float64), a float leaf beyond it passes where jnova is as close to the float64 result as jax.jit
+    is: an ill-conditioned step (a GroupNorm over groups of 2) moves jax.jit's own f32 result more
+    than the tolerance."""
     assert jax.tree.structure(got) == jax.tree.structure(want), f"{what}: result trees differ"
     errors = []
     for index, (g_part, w_part) in enumerate(zip(got, want)):
         g_leaves, w_leaves = _arrays(g_part), _arrays(w_part)
+        e_leaves = _arrays(exact[index]) if exact is not None else [None] * len(w_leaves)
         floats = [np.abs(w.astype(np.float64)).max(initial=0.0) for w in w_leaves if _is_float(w)]
         atol = case.scale_atol * max(floats, default=0.0) + case.atol.get(index, 0.0)
         if index == 0 and case.adam_lr is not None:
             atol += 2 * case.adam_lr
         paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(w_part)]
-        for path, g, w in zip(paths, g_leaves, w_leaves):
+        for path, g, w, e in zip(paths, g_leaves, w_leaves, e_leaves):
             g, w = np.asarray(g), np.asarray(w)
             name = f"{what}result[{index}]{path}"
             if (g.shape, g.dtype) != (w.shape, w.dtype):
@@ -61,10 +66,29 @@ def result_errors(got, want, case: UserStep, what: str) -> list[str]:
             else:
                 g64, w64 = g.astype(np.float64), w.astype(np.float64)
                 bad = np.abs(g64 - w64) > case.rtol * np.abs(w64) + atol
+                if bad.any() and e is not None and e.shape == w.shape:
+                    e64 = np.asarray(e, np.float64)
+                    if np.abs(g64 - e64).max() <= 1.5 * np.abs(w64 - e64).max() + atol:
+                        continue
                 if bad.any():
                     errors.append(f"{name}: {bad.sum()} of {bad.size} beyond tolerance, e.g. jnova {g64[bad][:3]} "
                                   f"vs jax.jit {w64[bad][:3]} (atol {atol:.3g})")
     return errors
+
+
+def float64_results(step, args):
+    """`step` run by jax.jit in float64 (x64 on, float arguments widened; keys and integers as they are),
+    or None where it cannot run so."""
+    def widened(a):
+        if jax.dtypes.issubdtype(getattr(a, "dtype", np.float32), jax.dtypes.prng_key) or not _is_float(np.asarray(a)):
+            return a
+        return np.asarray(a, np.float64)
+
+    try:
+        with jax.enable_x64(True):
+            return jax.device_get(jax.jit(step)(*jax.tree.map(widened, args)))
+    except Exception:  # noqa: BLE001 - a step that does not run in float64 keeps the comparison with jax.jit
+        return None
 
 
 def _is_float(x: np.ndarray) -> bool:
@@ -87,6 +111,8 @@ def test_user_step_matches_jit(name):
             got = compiled(*args)
         want = reference(*args)
         errors = result_errors(got, want, case, f"step {i + 1}: ")
+        if errors:
+            errors = result_errors(got, want, case, f"step {i + 1}: ", float64_results(case.step, args))
         assert not errors, f"{name}: jnova's step differs from jax.jit's:\n  " + "\n  ".join(errors)
         assert weak_types(got) == weak_types(want), f"{name}: weak types differ"
         unexpected = [str(w.message) for w in caught if "is not compiled" not in str(w.message)
@@ -105,6 +131,8 @@ def test_user_step_gpu_plan(name):
     options = dict(case.options, fallback="xla" if case.fallbacks else "error")
     got, want = jnova.compile(case.step, kernels="fused", **options)(*case.args), jax.jit(case.step, **case.options)(*case.args)
     errors = result_errors(got, want, case, "fused kernels: ")
+    if errors:
+        errors = result_errors(got, want, case, "fused kernels: ", float64_results(case.step, case.args))
     assert not errors, f"{name}: one kernel per fusion group differs from jax.jit:\n  " + "\n  ".join(errors)
     lowered = jnova.compile(case.step, target="h200", **options).lower(*case.args)
     assert lowered.as_text("launches").strip()

@@ -48,7 +48,9 @@ def trace_context() -> tuple:
     context is never reused in another."""
     from jax._src import config
 
-    return config.trace_context()
+    if hasattr(config, "trace_context"):
+        return config.trace_context()
+    return (jax.config.jax_default_matmul_precision,)  # pragma: no cover - a JAX without it: the precision
 
 
 try:  # what jax's dispatch raises when jax.debug_nans / debug_infs finds one in a compiled step's outputs

@@ -15,6 +15,7 @@ from jnova.options import Options
 from jnova.passes.excess_precision import fold_rounding_pairs, widen_16bit_arithmetic
 from jnova.passes.plan import Kernel
 from helpers.random_inputs import values
+from helpers import float64_forms
 
 STRICT = {"xla_allow_excess_precision": False}
 
@@ -33,16 +34,6 @@ def _f32_reference(fn, args):
     return np.asarray(fn(*[np.asarray(a, np.float32) for a in args]), np.float64)
 
 
-def _softmax(s):
-    e = np.exp(s - s.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def _log_softmax(s):
-    shifted = s - s.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-
-
 # each program, its input shapes and scale, and the same program in float64 NumPy (the exact result of
 # the bf16 inputs, up to f64 rounding: an f32 reference's own rounding, as large as XLA's error, would
 # count a compiler that sums more accurately than f32 as wrong)
@@ -51,8 +42,8 @@ CASES = {
                           lambda x, w: np.sum(x @ w)),
     "sum_of_matmul": (lambda x, w: jnp.sum(x @ w), ((8, 32), (32, 32)), 1.0, lambda x, w: np.sum(x @ w)),
     "mean_of_tanh": (lambda x: jnp.mean(jnp.tanh(x)), ((64, 64),), 1.0, lambda x: np.mean(np.tanh(x))),
-    "softmax": (lambda s: jax.nn.softmax(s), ((8, 64),), 3.0, _softmax),
-    "log_softmax": (lambda s: jax.nn.log_softmax(s), ((8, 64),), 3.0, _log_softmax),
+    "softmax": (lambda s: jax.nn.softmax(s), ((8, 64),), 3.0, float64_forms.softmax),
+    "log_softmax": (lambda s: jax.nn.log_softmax(s), ((8, 64),), 3.0, float64_forms.log_softmax),
 }
 
 

@@ -462,18 +462,25 @@ def _groups(func: Func, logits: Value, position: dict[Op, int]) -> list[_Group]:
 
 
 def _ignored_values(cones: list[_Cone], labels: Value) -> list[int]:
-    """Integer constants the cones compare the labels with (through broadcasts and reshapes)."""
+    """Integer constants the cones compare the labels with for equality: the candidates of an ignored label."""
+    return _compared_constants(cones, labels, ("eq", "ne"))
+
+
+def _compared_constants(cones: list[_Cone], labels: Value, predicates=None) -> list[int]:
+    """Integer constants the cones compare the labels with (through broadcasts and reshapes), in the
+    order found; by `predicates` only, or by any."""
     found = []
     for cone in cones:
         for op in cone.ops:
-            if op.name != "nova.compare" or op.attrs["predicate"] not in ("eq", "ne"):
+            if op.name != "nova.compare" or (predicates is not None and op.attrs["predicate"] not in predicates):
                 continue
             a, b = (_through_remaps(v) for v in op.operands)
             for lab, other in ((a, b), (b, a)):
                 c = other.owner
                 if lab is labels and c is not None and c.name == "nova.constant":
                     value = np.asarray(c.attrs["value"]).reshape(-1)
-                    if value.size and (value == value[0]).all() and int(value[0]) not in found:
+                    if value.size and (value == value[0]).all() and float(value[0]).is_integer() \
+                            and int(value[0]) not in found:
                         found.append(int(value[0]))
     return found
 
@@ -501,24 +508,6 @@ def _label_use_refusal(cone: _Cone, labels: Value, logits: Value) -> str | None:
                     if value.size > 1 and not (value == value[0]).all():
                         return "it compares the labels with a set of several values"
     return None
-
-
-def _boundaries(cones: list[_Cone], labels: Value) -> list[int]:
-    """Integer constants the cones compare the labels with by any predicate: probe labels on both sides
-    of each, so an ordering comparison (`labels < 100`) is never seen from one side only."""
-    found = set()
-    for cone in cones:
-        for op in cone.ops:
-            if op.name != "nova.compare":
-                continue
-            a, b = (_through_remaps(v) for v in op.operands)
-            for lab, other in ((a, b), (b, a)):
-                c = other.owner
-                if lab is labels and c is not None and c.name == "nova.constant":
-                    value = np.asarray(c.attrs["value"]).reshape(-1)
-                    if value.size and (value == value[0]).all() and float(value[0]).is_integer():
-                        found.add(int(value[0]))
-    return sorted(found)
 
 
 def _through_remaps(v: Value) -> Value:
@@ -552,7 +541,9 @@ def _probes(group: _Group, ignores: list[int], evaluate: Callable) -> list[_Prob
     mixed = [0, v - 1] + below + above
     label_sets.append(np.array(mixed + list(rng.integers(0, v, PROBE_ROWS - len(mixed)))))
     label_sets.append(np.resize(np.array(outside or [0]), PROBE_ROWS))
-    for c in _boundaries(group.losses + group.grads, group.labels):
+    # both sides of every constant the labels are compared with, so that an ordering comparison
+    # (`labels < 100`) is never seen from one side only
+    for c in sorted(_compared_constants(group.losses + group.grads, group.labels)):
         around = [x for x in (c - 1, c, c + 1) if info.min <= x <= info.max]
         label_sets.append(np.array(around + list(rng.integers(0, v, PROBE_ROWS - len(around)))))
     probes = [_Probe(model, group.logits, group.labels, rng.standard_normal(shape) * 2, labels, rng, evaluate)

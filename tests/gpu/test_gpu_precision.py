@@ -13,6 +13,7 @@ import pytest
 
 import jnova
 from models import llama, mlp, tiny
+from helpers import float64_forms
 
 pytestmark = pytest.mark.gpu
 
@@ -119,16 +120,6 @@ def test_default_precision_step_is_within_tf32_of_jit(name):
         assert np.isfinite(a).all() and err <= 16 * 2.0**-10, (jax.tree_util.keystr(path[0]), err)
 
 
-def _softmax(s):
-    e = np.exp(s - s.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def _log_softmax(s):
-    shifted = s - s.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-
-
 def test_bf16_programs_are_as_close_to_f32_as_jit():
     """XLA keeps excess precision inside a fusion: sum(x @ w) sums the f32 products, and softmax's
     exp stays f32 into its sum. jnova's kernels must be as close to the exact result of the bf16
@@ -139,8 +130,8 @@ def test_bf16_programs_are_as_close_to_f32_as_jit():
     s = (rng.standard_normal((16, 200)) * 3).astype(np.float32)
     cases = [(lambda x, w: jnp.sum(x @ w), (x, w), lambda x, w: np.sum(x @ w)),
              (lambda x, w: jnp.sum(x @ w, dtype=jnp.float32), (x, w), lambda x, w: np.sum(x @ w)),
-             (lambda s: jax.nn.softmax(s), (s,), _softmax),
-             (lambda s: jax.nn.log_softmax(s), (s,), _log_softmax)]
+             (lambda s: jax.nn.softmax(s), (s,), float64_forms.softmax),
+             (lambda s: jax.nn.log_softmax(s), (s,), float64_forms.log_softmax)]
     for fn, args, exact in cases:
         bf16 = [jnp.asarray(a, jnp.bfloat16) for a in args]
         want = exact(*[np.asarray(a, np.float64) for a in bf16])

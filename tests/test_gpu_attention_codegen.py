@@ -2,16 +2,19 @@
 
 - Every forward kernel the configurator picks assembles with `ptxas -arch=sm_90a` without spills
   (registers printed) for GPT-2's shape and T=1000, bf16 and f32, head dims 64 and 128, causal or not,
-  GQA, both layouts; the PTX uses the instructions the design names.
+  GQA, both layouts; the PTX uses the instructions the design names: wgmma (per warpgroup) for bf16 on
+  the H200, mma.sync for f32 and for bf16 on a GPU without wgmma (the H200 with that feature removed).
 - Numerics: the generated gpu.func runs on the CPU in `gpu_warp_interpreter` (all threads of a block in
-  lockstep, mma.sync / ldmatrix / shuffles after the PTX ISA) against float64 NumPy on small shapes that
-  exercise the masks (T=77, 130: partial tiles; causal diagonals; GQA; bhtd); a kernel with a misplaced
-  fragment word is caught.
+  lockstep, mma.sync / wgmma / ldmatrix / shuffles after the PTX ISA) against float64 NumPy on small
+  shapes that exercise the masks (T=77, 130: partial tiles; causal diagonals; GQA; bhtd), bf16 on both
+  instructions; a kernel with a misplaced fragment word (mma.sync) or register word (wgmma) is caught.
 - Operands read in place: q, k, v as row views of one fused projection's buffer (exactly its size, so a
   read past it faults) in the forward and both backward kernels, do from a wider buffer; T=77 and 70
   (partial tiles), GQA, both layouts; GPT-2's shape assembles without spills.
 - The configurator: footprints with the driver's per-block reserve, refusals.
 GPU numerics: tests/gpu/test_gpu_attention.py."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -25,6 +28,8 @@ from jnova.passes.configure.attention_tiles import (AttentionConfig, AttentionPr
 from jnova.runtime.target import KiB, get_target
 
 H200 = get_target("h200")
+H200_MMA_SYNC = dataclasses.replace(H200, features=H200.features - {"wgmma"})  # bf16 on mma.sync
+INSTRUCTIONS = {"wgmma": H200, "mma.sync": H200_MMA_SYNC}
 requires_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas is not on PATH")
 
 # (batch, q heads, kv heads, T, D, layout)
@@ -33,31 +38,45 @@ PTX_SHAPES = [(8, 12, 12, 1024, 64, "bthd"), (3, 4, 4, 1000, 64, "bhtd"), (2, 16
 
 
 def _ptx_cases():
-    return [pytest.param(dtype, causal, *shape, id=f"{dtype}-{'causal' if causal else 'full'}-"
+    return [pytest.param(dtype, instruction, causal, *shape, id=f"{dtype}-{instruction}-{'causal' if causal else 'full'}-"
                          f"{shape[0]}x{shape[1]}:{shape[2]}x{shape[3]}x{shape[4]}-{shape[5]}")
-            for dtype in ("bfloat16", "float32") for causal in (False, True) for shape in PTX_SHAPES]
+            for dtype, instruction in (("bfloat16", "wgmma"), ("bfloat16", "mma.sync"), ("float32", "mma.sync"))
+            for causal in (False, True) for shape in PTX_SHAPES]
+
+
+def assert_instructions(ptx: str, dtype: str, instruction: str) -> None:
+    """The products run on `instruction`: wgmma (m64nNk16 from shared memory and from registers, no
+    mma.sync, no ldmatrix) or mma.sync (ldmatrix.trans only on 16-bit data, TF32 rounded to nearest)."""
+    if instruction == "wgmma":
+        assert "wgmma.mma_async.sync.aligned.m64n" in ptx and ".f32.bf16.bf16" in ptx
+        assert "mma.sync" not in ptx and "ldmatrix" not in ptx
+        return
+    kind = "bf16.bf16" if dtype == "bfloat16" else "tf32.tf32"
+    assert f"mma.sync.aligned.m16n8k{16 if dtype == 'bfloat16' else 8}.row.col.f32.{kind}.f32" in ptx
+    assert "wgmma" not in ptx
+    trans = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert trans == (dtype == "bfloat16")  # never .trans on 32-bit data
+    if dtype == "float32":
+        assert "cvt.rna.tf32.f32" in ptx
 
 
 @requires_ptxas
-@pytest.mark.parametrize("dtype,causal,batch,hq,hkv,t,d,layout", _ptx_cases())
-def test_forward_ptx_assembles_without_spills(dtype, causal, batch, hq, hkv, t, d, layout):
+@pytest.mark.parametrize("dtype,instruction,causal,batch,hq,hkv,t,d,layout", _ptx_cases())
+def test_forward_ptx_assembles_without_spills(dtype, instruction, causal, batch, hq, hkv, t, d, layout):
     problem = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
-    config = choose_attention_tiles(problem, H200)
-    kernel = build_attention_forward(problem, config, H200)
-    report = assemble_check(kernel.ptx, H200.arch)
+    target = INSTRUCTIONS[instruction]
+    config = choose_attention_tiles(problem, target)
+    assert config.mma == instruction
+    kernel = build_attention_forward(problem, config, target)
+    report = assemble_check(kernel.ptx, target.arch)
     print(f"{kernel.schedule}: {report}")
     assert report.spills == 0 and report.stack_frame == 0, report.log
-    assert kernel.shared_mem_bytes == config.smem_bytes(problem) <= H200.smem_per_block_optin
+    assert kernel.shared_mem_bytes == config.smem_bytes(problem) <= target.smem_per_block_optin
     assert kernel.grid == (-(-t // config.block_m), hq, batch) and kernel.block == (config.threads, 1, 1)
     assert kernel.ptx.count(".param .u64 .ptr") == 5
-    kind = "bf16.bf16" if dtype == "bfloat16" else "tf32.tf32"
-    assert f"mma.sync.aligned.m16n8k{16 if dtype == 'bfloat16' else 8}.row.col.f32.{kind}.f32" in kernel.ptx
     assert "ex2.approx.ftz.f32" in kernel.ptx and "cp.async.cg.shared.global" in kernel.ptx
     assert "shfl.sync.bfly" in kernel.ptx
-    trans = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in kernel.ptx
-    assert trans == (dtype == "bfloat16")  # never .trans on 32-bit data
-    if dtype == "float32":
-        assert "cvt.rna.tf32.f32" in kernel.ptx
+    assert_instructions(kernel.ptx, dtype, instruction)
 
 
 def _reference(p: AttentionProblem, q, k, v):
@@ -107,12 +126,19 @@ INTERPRETED = [  # (batch, q heads, kv heads, T, D, dtype, causal, layout)
 ]
 
 
-@pytest.mark.parametrize("case", INTERPRETED, ids=lambda c: f"{c[5]}-{'causal' if c[6] else 'full'}-"
-                         f"{c[0]}x{c[1]}:{c[2]}x{c[3]}x{c[4]}-{c[7]}")
-def test_forward_numerics_in_the_warp_interpreter(case):
+def _with_instructions(cases):
+    """Each case with the instructions its dtype runs on (bf16: wgmma and mma.sync; f32: mma.sync)."""
+    return [pytest.param(c, i, id=f"{c[5]}-{i}-{'causal' if c[6] else 'full'}-{c[0]}x{c[1]}:{c[2]}x{c[3]}x{c[4]}-{c[7]}")
+            for c in cases for i in (("wgmma", "mma.sync") if c[5] == "bfloat16" else ("mma.sync",))]
+
+
+@pytest.mark.parametrize("case,instruction", _with_instructions(INTERPRETED))
+def test_forward_numerics_in_the_warp_interpreter(case, instruction):
     batch, hq, hkv, t, d, dtype, causal, layout = case
     p = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
-    o, lse, want_o, want_lse = _interpret(p, seed=hash(case) % 1000)
+    config = choose_attention_tiles(p, INSTRUCTIONS[instruction])
+    assert config.mma == instruction
+    o, lse, want_o, want_lse = _interpret(p, seed=hash(case) % 1000, config=config)
     assert not np.isnan(o).any() and not np.isnan(lse).any()
     error = np.linalg.norm(o - want_o) / np.linalg.norm(want_o)
     print(f"{p}: relative error of o {error:.2e}, max |lse error| {np.abs(lse - want_lse).max():.2e}")
@@ -127,13 +153,23 @@ def test_forward_numerics_with_32_key_tiles():
     assert np.linalg.norm(o - want_o) / np.linalg.norm(want_o) < TOLERANCE["float32"]
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_the_interpreter_catches_a_misplaced_fragment(monkeypatch, dtype):
-    """The B fragment's two words swapped in every mma.sync: the interpreter's result must be wrong."""
-    right = attention.mma
-    monkeypatch.setattr(attention, "mma", lambda em, a, b, c, bf16: right(em, a, b[::-1], c, bf16))
+@pytest.mark.parametrize("dtype,instruction", [("bfloat16", "mma.sync"), ("float32", "mma.sync"), ("bfloat16", "wgmma")])
+def test_the_interpreter_catches_a_misplaced_fragment(monkeypatch, dtype, instruction):
+    """mma.sync: the B fragment's two words swapped in every mma.sync; wgmma: the A operand's register
+    words of rows g and g + 8 swapped in every register-A wgmma. The interpreter's result must be wrong."""
+    import jnova.codegen.gpu.attention_wgmma as attention_wgmma
+
+    if instruction == "mma.sync":
+        right = attention.mma
+        monkeypatch.setattr(attention, "mma", lambda em, a, b, c, bf16: right(em, a, b[::-1], c, bf16))
+    else:
+        right = attention_wgmma.wgmma_rs
+        monkeypatch.setattr(attention_wgmma, "wgmma_rs",
+                            lambda em, a, desc, acc, scale, n: right(em, [a[1], a[0], a[3], a[2]], desc, acc, scale, n))
     p = AttentionProblem(1, 1, 1, 40, 40, 64, dtype, False)
-    o, _, want_o, _ = _interpret(p, 3)
+    config = choose_attention_tiles(p, INSTRUCTIONS[instruction])
+    assert config.mma == instruction
+    o, _, want_o, _ = _interpret(p, 3, config)
     assert np.linalg.norm(o - want_o) / np.linalg.norm(want_o) > 10 * TOLERANCE[dtype]
 
 
@@ -155,7 +191,7 @@ gpu.module @k_module {
 
 def test_footprint_counts_the_driver_reserve():
     p = AttentionProblem(8, 12, 12, 1024, 1024, 64, "bfloat16", True)
-    config = choose_attention_tiles(p, H200)
+    config = choose_attention_tiles(p, H200_MMA_SYNC)
     assert config == AttentionConfig(64, 64, 4, 2)
     assert config.smem_bytes(p) == 64 * 64 * 2 + 2 * 2 * 64 * 64 * 2 == 40 * KiB
     assert H200.smem_reserved_per_block == 1 * KiB
@@ -169,6 +205,23 @@ def test_f32_head_dim_128_takes_32_key_tiles_to_keep_two_blocks_per_sm():
     config = choose_attention_tiles(p, H200)
     assert AttentionConfig(64, 64, 4, 2).blocks_per_sm(p, H200) == 1  # 160 KiB
     assert config == AttentionConfig(64, 32, 4, 2) and config.blocks_per_sm(p, H200) == 2  # 96 KiB + 1 KiB, twice
+
+
+def test_bf16_on_the_h200_takes_wgmma_tiles_whose_accumulators_fit():
+    """Warpgroups of 64 rows, two per block; the widest score tile within the register budget: GPT-2's
+    head dim 64 forward 128 keys a tile, backward 64; head dim 128 backward 32 (its dK and dV take 128
+    registers a thread); f32 and a GPU without wgmma keep mma.sync."""
+    from jnova.passes.configure.attention_tiles import WGMMA_ACCUMULATOR_REGISTERS
+
+    def choices(d, dtype="bfloat16", target=H200):
+        p = AttentionProblem(8, 12, 12, 1024, 1024, d, dtype, True)
+        return choose_attention_tiles(p, target), choose_attention_tiles(p, target, backward=True)
+    assert choices(64) == (AttentionConfig(128, 128, 8, 2, "wgmma"), AttentionConfig(128, 64, 8, 2, "wgmma"))
+    assert choices(128) == (AttentionConfig(128, 128, 8, 2, "wgmma"), AttentionConfig(128, 32, 8, 2, "wgmma"))
+    p = AttentionProblem(8, 12, 12, 1024, 1024, 128, "bfloat16", True)
+    assert AttentionConfig(128, 64, 8, 2, "wgmma").accumulator_registers(p, backward=True) > WGMMA_ACCUMULATOR_REGISTERS
+    assert all(c.mma == "mma.sync" for c in choices(64, "float32") + choices(64, target=H200_MMA_SYNC))
+    assert all(c.mma == "mma.sync" for c in choices(64, target=get_target("rtx6000ada")))
 
 
 def test_choices_are_deterministic():
@@ -228,7 +281,7 @@ def test_jnova_compile_for_the_h200_runs_attention_as_the_fused_kernel():
     q = jnp.ones((2, 130, 4, 64), jnp.bfloat16)
     launches = jnova.compile(lambda q, k, v: jnova.ops.attention(q, k, v, causal=True), target="h200") \
         .lower(q, q, q).as_text("launches")
-    assert launches.count("attention[fwd mma.sync bf16] attention 2x4x130x64 bfloat16 bthd causal") == 1, launches
+    assert launches.count("attention[fwd wgmma bf16] attention 2x4x130x64 bfloat16 bthd causal") == 1, launches
     assert "matmul" not in launches
 
     q96 = jnp.ones((2, 130, 4, 96), jnp.bfloat16)
@@ -242,7 +295,7 @@ def test_jnova_compile_for_the_h200_runs_attention_as_the_fused_kernel():
     lowered = jnova.compile(jax.grad(loss, argnums=(0, 1, 2)), target="h200").lower(q, k, v)
     launches = lowered.as_text("launches")
     for kind in ("fwd", "dq", "dkdv"):  # the backward as its two kernels
-        assert launches.count(f"attention[{kind} mma.sync bf16] attention 2x4x130x64 bfloat16 bthd causal") == 1, launches
+        assert launches.count(f"attention[{kind} wgmma bf16] attention 2x4x130x64 bfloat16 bthd causal") == 1, launches
     assert "matmul" not in launches
     nova = lowered.as_text("nova")
     assert '"nova.attention_dq"' in nova and '"nova.attention_dkdv"' in nova and '"nova.attention_backward"' not in nova
@@ -262,21 +315,25 @@ BACKWARD_PTX_SHAPES = [(8, 12, 12, 1024, 64, "bthd"), (3, 4, 4, 1000, 64, "bhtd"
 
 
 @requires_ptxas
-@pytest.mark.parametrize("dtype,causal,batch,hq,hkv,t,d,layout", [
-    pytest.param(dtype, causal, *s, id=f"{dtype}-{'causal' if causal else 'full'}-{s[0]}x{s[1]}:{s[2]}x{s[3]}x{s[4]}-{s[5]}")
-    for dtype in ("bfloat16", "float32") for causal in (False, True) for s in BACKWARD_PTX_SHAPES])
-def test_backward_ptx_assembles_without_spills(dtype, causal, batch, hq, hkv, t, d, layout):
+@pytest.mark.parametrize("dtype,instruction,causal,batch,hq,hkv,t,d,layout", [
+    pytest.param(dtype, instruction, causal, *s,
+                 id=f"{dtype}-{instruction}-{'causal' if causal else 'full'}-{s[0]}x{s[1]}:{s[2]}x{s[3]}x{s[4]}-{s[5]}")
+    for dtype, instruction in (("bfloat16", "wgmma"), ("bfloat16", "mma.sync"), ("float32", "mma.sync"))
+    for causal in (False, True) for s in BACKWARD_PTX_SHAPES])
+def test_backward_ptx_assembles_without_spills(dtype, instruction, causal, batch, hq, hkv, t, d, layout):
     problem = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
-    config = choose_attention_tiles(problem, H200, backward=True)
+    target = INSTRUCTIONS[instruction]
+    config = choose_attention_tiles(problem, target, backward=True)
+    assert config.mma == instruction
     for build in (build_attention_dq, build_attention_dkdv):
-        kernel = build(problem, config, H200)
-        report = assemble_check(kernel.ptx, H200.arch)
+        kernel = build(problem, config, target)
+        report = assemble_check(kernel.ptx, target.arch)
         print(f"{kernel.schedule}: {report}")
         assert report.spills == 0 and report.stack_frame == 0, report.log
-        assert kernel.shared_mem_bytes == config.backward_smem_bytes(problem) <= H200.smem_per_block_optin
+        assert kernel.shared_mem_bytes == config.backward_smem_bytes(problem) <= target.smem_per_block_optin
         assert kernel.ptx.count(".param .u64 .ptr") == 8
         assert "ex2.approx.ftz.f32" in kernel.ptx
-        assert ("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in kernel.ptx) == (dtype == "bfloat16")
+        assert_instructions(kernel.ptx, dtype, instruction)
 
 
 def _backward_reference(p: AttentionProblem, q, k, v, do):
@@ -309,12 +366,13 @@ BACKWARD_INTERPRETED = [  # (batch, q heads, kv heads, T, D, dtype, causal, layo
 ]
 
 
-@pytest.mark.parametrize("case", BACKWARD_INTERPRETED, ids=lambda c: f"{c[5]}-{'causal' if c[6] else 'full'}-"
-                         f"{c[0]}x{c[1]}:{c[2]}x{c[3]}x{c[4]}-{c[7]}")
-def test_backward_numerics_in_the_warp_interpreter(case):
+@pytest.mark.parametrize("case,instruction", _with_instructions(BACKWARD_INTERPRETED))
+def test_backward_numerics_in_the_warp_interpreter(case, instruction):
     batch, hq, hkv, t, d, dtype, causal, layout = case
     p = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
-    config = choose_attention_tiles(p, H200, backward=True)
+    config = choose_attention_tiles(p, INSTRUCTIONS[instruction], backward=True)
+    if config.mma != instruction:  # the configurator's choice on the H200 (head dim 128: mma.sync)
+        config = dataclasses.replace(choose_attention_tiles(p, H200_MMA_SYNC, backward=True), mma=instruction)
     rng = np.random.default_rng(sum(case[:5]))
     dt = BF16 if dtype == "bfloat16" else np.float32
 
@@ -342,7 +400,7 @@ def test_backward_numerics_in_the_warp_interpreter(case):
 
 def test_backward_tiles_keep_two_blocks_per_sm_where_they_can():
     p = AttentionProblem(8, 12, 12, 1024, 1024, 128, "bfloat16", True)
-    config = choose_attention_tiles(p, H200, backward=True)
+    config = choose_attention_tiles(p, H200_MMA_SYNC, backward=True)
     assert config.backward_smem_bytes(p) == 2 * 64 * 256 + 2 * (2 * 64 * 256 + 2 * 64 * 4) == 97 * KiB
     assert config.blocks_per_sm(p, H200, backward=True) == 228 // 98 == 2
 

@@ -4,15 +4,22 @@
 becomes PTX) and runs each block with all of its threads in lockstep: every SSA value is a NumPy array
 with one row per thread. Warp-collective ops follow the PTX ISA's definitions, written here
 independently of the kernel builders: `nvvm.mma.sync` (bf16 m16n8k16, TF32 m16n8k8: fragments gathered
-from the 32 lanes, multiplied in float64), `nvgpu.ldmatrix` (.x1/.x2/.x4, .trans), `gpu.shuffle xor`.
+from the 32 lanes, multiplied in float64), `nvgpu.ldmatrix` (.x1/.x2/.x4, .trans), `gpu.shuffle xor`,
+and the warpgroup's Hopper `wgmma.mma_async` (m64nNk16 bf16/f16, m64nNk8 TF32, f32 accumulators):
+`nvvm.wgmma.mma_async` with both operands in shared memory through 64-bit matrix descriptors
+(128-byte swizzle, K- or MN-major), and the register-A bf16 form as `llvm.inline_asm` (`WGMMA_RS`).
+The dynamic shared memory's address is 0: the PTX declares it `.extern .shared .align 1024`, so the
+hardware swizzle, a function of absolute address bits, is applied to offsets from its start.
 A divergent `scf.if` runs its regions under masks (stores and copies only for active threads; each
 thread's results from the side it took); every load and store is bounds-checked for active threads.
 Dynamic shared memory and workgroup buffers start poisoned (0x7F bytes) in every block. cp.async copies
-complete when issued and barriers
-are no-ops: the interpreter checks what the kernel computes (fragment layouts, swizzles, masks,
-indices), not its synchronization, which only the GPU tests can.
+and wgmmas complete when issued, and barriers, proxy fences and wgmma fences / commits / waits are
+no-ops: the interpreter checks what the kernel computes (fragment layouts, descriptors, swizzles,
+masks, indices), not its synchronization, which only the GPU tests can.
 """
 from __future__ import annotations
+
+import re
 
 import ml_dtypes
 import numpy as np
@@ -22,6 +29,38 @@ BF16 = ml_dtypes.bfloat16
 _DTYPES = {"f32": np.float32, "bf16": BF16, "i32": np.int32, "i64": np.int64, "index": np.int64, "i1": np.bool_,
            "i16": np.int16, "i8": np.int8, "f64": np.float64, "f16": np.float16}
 _CMP = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater, 5: np.greater_equal}
+
+
+_WGMMA_TYPES = {"bf16": (BF16, 2), "f16": (np.float16, 2), "tf32": (np.float32, 4)}
+# The register-A bf16 wgmma as kernels write it in inline asm (MLIR's nvvm dialect has no such form):
+# operands $0..$<n-1> the accumulators (tied to the inputs), $<n>..$<n+3> A's words, $<n+4> B's
+# descriptor, $<n+5> scale-d as an i32 (nonzero: D = A @ B + C), the last field imm-trans-b.
+WGMMA_RS = re.compile(r"\{\s*\.reg \.pred p;\s*setp\.ne\.b32 p, \$(\d+), 0;\s*"
+                      r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16\s+"
+                      r"\{([$\d,\s]*)\},\s*\{([$\d,\s]*)\},\s*\$(\d+),\s*p,\s*1,\s*1,\s*([01]);\s*\}")
+
+
+def swizzle_128b(addr: np.ndarray) -> np.ndarray:
+    """The hardware's 128-byte swizzle of a shared-memory byte address: its 16-byte chunk (bits 4-6)
+    XOR its 128-byte row modulo 8 (bits 7-9)."""
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def wgmma_d_layout(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of D for each of a warpgroup's 128 threads and n / 2 accumulator values: value i
+    of lane l in warp w is D[16w + l/4 + 8 * ((i/2) % 2), 2 * (l % 4) + i % 2 + 8 * (i/4)] (PTX ISA,
+    wgmma D fragment)."""
+    t, i = np.arange(128)[:, None], np.arange(n // 2)[None, :]
+    w, lane = t // 32, t % 32
+    return 16 * w + lane // 4 + 8 * ((i // 2) % 2), 2 * (lane % 4) + i % 2 + 8 * (i // 4)
+
+
+def wgmma_a_layout() -> list[tuple[np.ndarray, np.ndarray]]:
+    """(row, first column) of A for each of a warpgroup's 128 threads, per 32-bit word of the register-A
+    bf16 fragment (two columns per word, the low half the lower): PTX ISA, wgmma A fragment, m64k16."""
+    t = np.arange(128)
+    row, col = 16 * (t // 32) + (t % 32) // 4, 2 * (t % 4)
+    return [(row, col), (row + 8, col), (row, col + 8), (row + 8, col + 8)]
 
 
 class KernelFault(AssertionError):
@@ -137,7 +176,27 @@ class _Block:
         _, dtype = _type_parts(ir.MemRefType(op.results[0].type).element_type)
         return src.view(dtype, shift)
 
+    def op_memref_extract_aligned_pointer_as_index(self, op, mask):
+        """The byte address of the dynamic shared memory (or of a view into it): its start is 0, a
+        1024-byte aligned base as the PTX declares it. Other memrefs have no address here."""
+        mem = self.get(op.operands[0])
+        if not (isinstance(mem, Memory) and mem.bytes is self.shared):
+            raise NotImplementedError(f"the address of a memref other than the dynamic shared memory: {op}")
+        return np.full(self.threads, mem.offset, np.int64)
+
     def op_gpu_barrier(self, op, mask):
+        return None
+
+    def op_nvvm_fence_proxy(self, op, mask):
+        return None
+
+    def op_nvvm_wgmma_fence_aligned(self, op, mask):
+        return None
+
+    def op_nvvm_wgmma_commit_group_sync_aligned(self, op, mask):
+        return None
+
+    def op_nvvm_wgmma_wait_group_sync_aligned(self, op, mask):
         return None
 
     def op_nvvm_cp_async_commit_group(self, op, mask):
@@ -325,6 +384,137 @@ class _Block:
         magnitude = (bits & np.uint32(0x7FFFFFFF)) + np.uint32(0x1000)  # round to nearest, ties away
         return (((bits & np.uint32(0x80000000)) | magnitude) & np.uint32(0xFFFFE000)).view(np.int32)
 
+    # -- warpgroup collectives (wgmma)
+    def _warpgroups(self, mask, uniform: dict, what: str) -> list[slice]:
+        """The warpgroups (128 threads each) that run a warpgroup-wide op: those whose threads are all
+        active (KernelFault where only some are), with `uniform` operands equal over the warpgroup."""
+        if self.threads % 128:
+            raise KernelFault(f"{what} in a block of {self.threads} threads, not whole warpgroups")
+        groups = []
+        for g in range(self.threads // 128):
+            lanes = slice(128 * g, 128 * g + 128)
+            if not mask[lanes].any():
+                continue
+            if not mask[lanes].all():
+                raise KernelFault(f"{what} under a branch that diverges within warpgroup {g}")
+            for name, x in uniform.items():
+                if not (x[lanes] == x[lanes][0]).all():
+                    raise KernelFault(f"{what}: the {name} differs between the threads of warpgroup {g}")
+            groups.append(lanes)
+        return groups
+
+    def _smem_operand(self, desc: int, mn: int, k: int, k_major: bool, kind: str) -> np.ndarray:
+        """The mn x k operand a shared-memory matrix descriptor describes (PTX ISA "Matrix Descriptor
+        Format": start address, LBO and SBO in 16-byte units in bits 0-13, 16-29, 32-45, the swizzle mode
+        in bits 62-63; only the 128-byte swizzle, mode 1), read as float64. Element addresses, e bytes
+        each, P = 128 / e elements per 128-byte row:
+          K-major:  start + (mn / 8) * SBO + (mn % 8) * 128 + k * e
+          MN-major: start + (mn / P) * LBO + (k / 8) * SBO + (k % 8) * 128 + (mn % P) * e   (16-bit types)
+        then swizzled as absolute addresses. TF32 keeps the top 19 bits of each word."""
+        desc = int(desc) & ((1 << 64) - 1)
+        start, lbo, sbo = (((desc >> s) & 0x3FFF) << 4 for s in (0, 16, 32))
+        if desc >> 62 != 1:
+            raise NotImplementedError(f"wgmma descriptor swizzle mode {desc >> 62} (only 1, the 128-byte swizzle)")
+        if (desc >> 49) & 7:
+            raise NotImplementedError(f"wgmma descriptor base offset {(desc >> 49) & 7}")
+        dtype, e = _WGMMA_TYPES[kind]
+        i, j = np.arange(mn)[:, None], np.arange(k)[None, :]
+        if k_major:
+            addr = start + (i // 8) * sbo + (i % 8) * 128 + j * e
+        else:
+            if e != 2:
+                raise KernelFault(f"an MN-major {kind} wgmma operand: the PTX ISA transposes only 16-bit types")
+            per_row = 128 // e
+            addr = start + (i // per_row) * lbo + (j // 8) * sbo + (j % 8) * 128 + (i % per_row) * e
+        at = swizzle_128b(addr)
+        data = self.shared.view(np.uint8)
+        if (at < 0).any() or (at + e > data.size).any():
+            bad = at[(at < 0) | (at + e > data.size)][0]
+            raise KernelFault(f"wgmma operand byte {bad} out of {data.size} B of shared memory")
+        raw = np.ascontiguousarray(data[at[..., None] + np.arange(e)])
+        if kind == "tf32":
+            return (raw.view(np.uint32)[..., 0] & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+        return raw.view(dtype)[..., 0].astype(np.float64)
+
+    @staticmethod
+    def _wgmma_d(a: np.ndarray, b: np.ndarray, acc: np.ndarray, scale_d: bool) -> np.ndarray:
+        """One warpgroup's D = A @ B (+ C), in float64, from and to its accumulator registers."""
+        rows, cols = wgmma_d_layout(b.shape[1])
+        c = np.zeros((64, b.shape[1]))
+        if scale_d:
+            c[rows, cols] = acc
+        with np.errstate(over="ignore", invalid="ignore"):  # inf past the f32 range, as the tensor cores give
+            return (a @ b + c)[rows, cols].astype(np.float32)
+
+    def op_nvvm_wgmma_mma_async(self, op, mask):
+        """`wgmma.mma_async` m64nNk16 (bf16, f16) or m64nNk8 (TF32), f32 accumulators, A and B in shared
+        memory through descriptors: D = scale-a * A (64 x K) @ scale-b * B (K x N) + (C if scale-d).
+        Layouts: A `row` / B `col` are K-major, A `col` / B `row` MN-major."""
+        attr = {name: str(op.attributes[name]) for name in ("shape", "typeA", "typeB", "typeD", "layoutA",
+                                                             "layoutB", "scaleA", "scaleB", "scaleD")}
+        shape = re.fullmatch(r"#nvvm.shape<m = (\d+), n = (\d+), k = (\d+)>", attr["shape"])
+        m, n, k = (int(x) for x in shape.groups())
+        kind_a, kind_b = (re.fullmatch(r"#nvvm.wgmma_type<(\w+)>", attr[t]).group(1) for t in ("typeA", "typeB"))
+        if attr["typeD"] != "#nvvm.wgmma_type<f32>" or kind_a != kind_b or kind_a not in _WGMMA_TYPES:
+            raise NotImplementedError(f"wgmma of {kind_a} x {kind_b} into {attr['typeD']}")
+        if m != 64 or k != (8 if kind_a == "tf32" else 16) or n % 8 or not 8 <= n <= 256:
+            raise KernelFault(f"no wgmma shape m{m}n{n}k{k} for {kind_a}")
+        structs = [self.get(x) for x in op.operands if str(x.type).startswith("!llvm.struct")]  # ODS: inouts first
+        desc_a, desc_b = (self.get(x) for x in op.operands if str(x.type) == "i64")
+        acc = structs[0] if structs else np.zeros((self.threads, n // 2), np.float32)
+        if acc.shape != (self.threads, n // 2):
+            raise KernelFault(f"m64n{n} wgmma with {acc.shape[1]} accumulator registers per thread")
+        signs = [-1.0 if attr[s].endswith("<neg>") else 1.0 for s in ("scaleA", "scaleB")]
+        scale_d = attr["scaleD"].endswith("<one>")
+        out = np.array(acc, np.float32, copy=True)
+        for lanes in self._warpgroups(mask, {"A descriptor": desc_a, "B descriptor": desc_b}, "wgmma.mma_async"):
+            a = self._smem_operand(desc_a[lanes][0], 64, k, attr["layoutA"] == "#nvvm.mma_layout<row>", kind_a)
+            bt = self._smem_operand(desc_b[lanes][0], n, k, attr["layoutB"] == "#nvvm.mma_layout<col>", kind_b)
+            out[lanes] = self._wgmma_d(signs[0] * a, signs[1] * bt.T, acc[lanes], scale_d)
+        return out
+
+    def _wgmma_register_a(self, op, mask, found):
+        """The register-A bf16 wgmma (`WGMMA_RS`): A (64 x 16) from four 32-bit words per thread (the
+        PTX ISA's A fragment, `wgmma_a_layout`), B (16 x N) through its descriptor (imm-trans-b 1: B
+        MN-major, 0: K-major), scale-d = its register != 0. The asm's operand numbering and constraints
+        must be exactly `WGMMA_RS`'s (anything else: NotImplementedError)."""
+        n = int(found.group(2))
+        regs = n // 2
+        numbers = lambda text: [int(x) for x in re.findall(r"\$(\d+)", text)]
+        constraints = ir.StringAttr(op.attributes["constraints"]).value
+        want = ",".join(["=f"] * regs + ["r"] * 4 + ["l", "r"] + [str(i) for i in range(regs)])
+        if (numbers(found.group(3)) != list(range(regs)) or numbers(found.group(4)) != list(range(regs, regs + 4))
+                or int(found.group(5)) != regs + 4 or int(found.group(1)) != regs + 5 or constraints != want
+                or len(op.operands) != 6 + regs or n % 8 or not 8 <= n <= 256):
+            raise NotImplementedError(f"a register-A wgmma numbered otherwise than the interpreter's form: {op}")
+        x = [self.get(v) for v in op.operands]
+        words, desc_b, scale_d = np.stack(x[:4], 1), x[4], x[5]
+        acc = np.stack(x[6:], 1).astype(np.float32)
+        out = acc.copy()
+        for lanes in self._warpgroups(mask, {"B descriptor": desc_b, "scale-d": scale_d}, "wgmma.mma_async"):
+            halves = np.ascontiguousarray(words[lanes].astype(np.int32)).view(np.uint16).reshape(128, 4, 2)
+            halves = halves.view(BF16).astype(np.float64)
+            a = np.zeros((64, 16))
+            for j, (row, col) in enumerate(wgmma_a_layout()):
+                a[row, col], a[row, col + 1] = halves[:, j, 0], halves[:, j, 1]
+            bt = self._smem_operand(desc_b[lanes][0], n, 16, found.group(6) == "0", "bf16")
+            out[lanes] = self._wgmma_d(a, bt.T, acc[lanes], bool(scale_d[lanes][0] != 0))
+        return out
+
+    def op_llvm_mlir_zero(self, op, mask):
+        """The zero of an `!llvm.struct` of f32 (accumulator registers)."""
+        t = str(op.results[0].type)
+        if not t.startswith("!llvm.struct"):
+            raise NotImplementedError(f"llvm.mlir.zero of {t}")
+        shape, dtype = _type_parts(t)
+        return np.zeros((self.threads, *shape), dtype)
+
+    def op_llvm_insertvalue(self, op, mask):
+        (pos,) = ir.DenseI64ArrayAttr(op.attributes["position"])
+        out = np.array(self.get(op.operands[0]), copy=True)
+        out[:, pos] = self.get(op.operands[1])
+        return out
+
     def op_llvm_extractvalue(self, op, mask):
         (pos,) = ir.DenseI64ArrayAttr(op.attributes["position"])
         return self.get(op.operands[0])[:, pos]
@@ -334,6 +524,11 @@ class _Block:
         if text.startswith("ex2.approx"):  # +inf past the f32 range, as the PTX ISA defines it
             with np.errstate(over="ignore"):
                 return np.exp2(self.get(op.operands[0]).astype(np.float32))
+        if re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16", text):
+            found = WGMMA_RS.fullmatch(text.strip())
+            if found is None:
+                raise NotImplementedError(f"a register-A wgmma other than the interpreter's form: {text}")
+            return self._wgmma_register_a(op, mask, found)
         raise NotImplementedError(text)
 
     # -- vectors

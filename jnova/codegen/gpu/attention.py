@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 
 from jnova.codegen.gpu.attention_operands import kernel_operands, natural_view, natural_views, operand_sizes
+from jnova.codegen.gpu.attention_wgmma import WarpgroupProducts
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, ptx_features
 from jnova.codegen.gpu.matmul import ALIGN, GpuKernel
 from jnova.codegen.gpu.matmul_smem import SMEM, OperandTile, ix_add, ix_op
@@ -58,6 +59,7 @@ MASKED = -1.0e30  # finite: 2^(MASKED - m) is 0 and MASKED - MASKED is no NaN
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 ACC = "!llvm.struct<(f32, f32, f32, f32)>"
+FENCE_PROXY_ASYNC = "nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}"
 PARAMS = (("in", "q"), ("in", "k"), ("in", "v"), ("out", "o"), ("out", "lse"))
 
 
@@ -73,7 +75,7 @@ def default_name(problem: AttentionProblem, config: AttentionConfig, kind: str =
     p = problem
     return (f"attention_{kind}_{ELEMENT[p.dtype]}_{p.layout}_{p.batch}x{p.q_heads}x{p.kv_heads}x{p.q_len}x{p.kv_len}"
             f"x{p.head_dim}{'_causal' if p.causal else ''}_{config.block_m}x{config.block_n}_w{config.warps}"
-            f"_s{config.stages}")
+            f"_s{config.stages}{'_wgmma' if config.mma == 'wgmma' else ''}")
 
 
 def refusal(problem: AttentionProblem, config: AttentionConfig, target: Target) -> str | None:
@@ -84,8 +86,26 @@ def refusal(problem: AttentionProblem, config: AttentionConfig, target: Target) 
         return f"{config}: each warp owns 16 query rows, so block_m must be 16 x warps"
     if config.block_n % 16 or config.stages < 2:
         return f"{config}: block_n must be a multiple of 16 and stages at least 2"
+    reason = mma_refusal(problem, config, target, config.block_n)
+    if reason:
+        return reason
     if config.smem_bytes(problem) > target.smem_per_block_optin:
         return f"{config}: {config.smem_bytes(problem)} B of shared memory exceed {target.smem_per_block_optin} B"
+    return None
+
+
+def mma_refusal(problem: AttentionProblem, config: AttentionConfig, target: Target, score_columns: int) -> str | None:
+    """Why a kernel's products cannot run on the config's MMA instruction (`score_columns`: the n of its
+    scores products), or None."""
+    if config.mma == "mma.sync":
+        return None
+    if config.mma != "wgmma":
+        return f"{config}: unknown MMA instruction {config.mma!r} (mma.sync or wgmma)"
+    if not target.has("wgmma") or problem.dtype != "bfloat16":
+        return f"{config}: wgmma products take bf16 operands on a target with wgmma ({target.name}, {problem.dtype})"
+    if config.block_m % 64 or score_columns % 16 or score_columns > 256:
+        return (f"{config}: wgmma products need warpgroups of 64 rows and scores of 16 to 256 columns "
+                f"(block_m {config.block_m}, {score_columns} columns)")
     return None
 
 
@@ -95,6 +115,7 @@ class RowTile:
     def __init__(self, em: GpuEmitter, problem: AttentionProblem, rows: int, view: str, view_type: str, base: int):
         self.em, self.rows, self.view, self.view_type, self.base = em, rows, view, view_type, base
         e = problem.elem_bytes
+        self.base_bytes = base * e  # from the start of the dynamic shared memory (the views start there)
         self.layout = OperandTile("t", ELEMENT[problem.dtype], e, rows, problem.head_dim, True, "rows8",
                                   rows, problem.head_dim)
         self.elems = rows * problem.head_dim
@@ -175,6 +196,7 @@ def attention_forward_module(problem: AttentionProblem, config: AttentionConfig,
     name = name or default_name(p, cfg)
     e, el = p.elem_bytes, ELEMENT[p.dtype]
     bf16 = p.dtype == "bfloat16"
+    wgmma = cfg.mma == "wgmma"
     d, bm, bn = p.head_dim, cfg.block_m, cfg.block_n
     em = GpuEmitter()
     sizes = operand_sizes(p)
@@ -228,24 +250,13 @@ def attention_forward_module(problem: AttentionProblem, config: AttentionConfig,
     v_copy.issue(v_base, em.index(0), None)
     em.line("nvvm.cp.async.commit.group")
 
-    # per-lane fragment reads (element offsets in stage 0)
-    q8 = ix_op(em, "divui", lane, 8)
-    r8 = ix_op(em, "remui", lane, 8)
-    odd8 = ix_op(em, "remui", q8, 2)
-    half16 = ix_op(em, "divui", lane, 16)
-    wrow = ix_op(em, "muli", warp, 16)
+    if wgmma:  # the warpgroup's products read the tiles through descriptors
+        products = WarpgroupProducts(em, smem, tid, d)
+        wrow = ix_op(em, "muli", warp, 16)
+    else:
+        q_reads, k_reads, v_reads, wrow = _fragment_reads(em, q_tile_smem, k_tile, v_tile, lane, warp, g, t, d, bn,
+                                                          bf16)
     kstep = 16 if bf16 else 8
-    col_unit = 8 if bf16 else 4  # columns of one 8x8 b16 matrix (8 bf16 or 4 f32)
-    q_reads = [q_tile_smem.offset([wrow, r8, (odd8, 8)], [ks * kstep, (half16, col_unit)]) for ks in range(d // kstep)]
-    k_reads = [[k_tile.offset([r8, (half16, 8), 16 * jp], [ks * kstep, (odd8, col_unit)]) for jp in range(bn // 16)]
-               for ks in range(d // kstep)]
-    if bf16:  # ldmatrix.trans x4: keys r8 + 8 * odd8 of step kk, d columns 8 * half16 of d-tile pair jp
-        v_reads = [[v_tile.offset([r8, (odd8, 8), 16 * kk], [(half16, 8), 16 * jp]) for jp in range(d // 16)]
-                   for kk in range(bn // 16)]
-    else:  # b0 = V[8kk + 2t][8j + g], b1 = V[8kk + 2t + 1][8j + g]
-        t2 = ix_op(em, "muli", t, 2)
-        v_reads = [[(v_tile.offset([t2, 8 * kk], [g, 8 * j]), v_tile.offset([t2, 8 * kk + 1], [g, 8 * j]))
-                    for j in range(d // 8)] for kk in range(bn // 8)]
 
     c = p.softmax_scale * LOG2E
     zero = em.op("arith.constant 0.0 : f32")
@@ -259,6 +270,8 @@ def attention_forward_module(problem: AttentionProblem, config: AttentionConfig,
     def body(kt: str, values: list[str], mask: bool) -> list[str]:
         m_old, l_old, o = values[0:2], values[2:4], values[4:]
         em.line("nvvm.cp.async.wait.group 0")
+        if wgmma:  # the copies' writes, seen by the tensor cores' (async proxy) reads
+            em.line(FENCE_PROXY_ASYNC)
         em.line("gpu.barrier")
         nxt = ix_add(em, kt, 1)
         more = em.op(f"arith.cmpi ult, {nxt}, {end} : index")
@@ -271,17 +284,10 @@ def attention_forward_module(problem: AttentionProblem, config: AttentionConfig,
         stage = ix_op(em, "muli", ix_op(em, "remui", kt, cfg.stages), stage_elems)
 
         # S = Q K^T
-        s = [[zero] * 4 for _ in range(bn // 8)]
-        for ks in range(d // kstep):
-            a = ldmatrix(em, view, view_type, q_reads[ks], 4, False, bf16)
-            if not bf16:
-                a = tf32(em, a)
-            for jp in range(bn // 16):
-                b = ldmatrix(em, view, view_type, ix_add(em, k_reads[ks][jp], stage), 4, False, bf16)
-                if not bf16:
-                    b = tf32(em, b)
-                for h in range(2):
-                    s[2 * jp + h] = mma(em, a, b[2 * h:2 * h + 2], s[2 * jp + h], bf16)
+        if wgmma:
+            s = products.scores([(q_tile_smem, None, k_tile, stage)], bn)[0]
+        else:
+            s = _scores_mma_sync(em, view, view_type, q_reads, k_reads, stage, zero, d, bn, bf16)
         if mask:
             key0 = ix_op(em, "muli", kt, bn)
             key_t = ix_add(em, key0, (t, 2))
@@ -314,6 +320,8 @@ def attention_forward_module(problem: AttentionProblem, config: AttentionConfig,
         o = [em.op(f"arith.mulf {o[i]}, {alpha[(i % 4) // 2]} : f32") for i in range(len(o))]
 
         # O += P V
+        if wgmma:
+            return m_new + l_new + products.accumulate(s, v_tile, stage, o)
         for kk in range(bn // kstep):
             if bf16:
                 a = [pack_bf16(em, s[2 * kk + h][2 * w], s[2 * kk + h][2 * w + 1]) for h in range(2) for w in range(2)]
@@ -367,8 +375,50 @@ def attention_forward_module(problem: AttentionProblem, config: AttentionConfig,
                     em.line(f"memref.store {lse}, {memrefs['lse'][0]}[{ix_add(em, lse_base, row)}] : {memrefs['lse'][1]}")
 
     text = module_text(name, params, em.lines, cfg.threads, target)
-    schedule = f"attention[fwd mma.sync {'bf16' if bf16 else 'tf32'}] {p} {cfg}"
+    schedule = f"attention[fwd {instruction(cfg, bf16)}] {p} {cfg}"
     return GpuModule(name, text, (q_tiles, p.q_heads, p.batch), (cfg.threads, 1, 1), cfg.smem_bytes(p), schedule)
+
+
+def _scores_mma_sync(em: GpuEmitter, view: str, view_type: str, q_reads, k_reads, stage: str, zero: str, d: int,
+                     bn: int, bf16: bool) -> list[list[str]]:
+    """S = Q K^T for the warp's 16 rows and the bn keys of ring stage `stage`, as bn/8 C fragments."""
+    kstep = 16 if bf16 else 8
+    s = [[zero] * 4 for _ in range(bn // 8)]
+    for ks in range(d // kstep):
+        a = ldmatrix(em, view, view_type, q_reads[ks], 4, False, bf16)
+        if not bf16:
+            a = tf32(em, a)
+        for jp in range(bn // 16):
+            b = ldmatrix(em, view, view_type, ix_add(em, k_reads[ks][jp], stage), 4, False, bf16)
+            if not bf16:
+                b = tf32(em, b)
+            for h in range(2):
+                s[2 * jp + h] = mma(em, a, b[2 * h:2 * h + 2], s[2 * jp + h], bf16)
+    return s
+
+
+def _fragment_reads(em: GpuEmitter, q_tile: RowTile, k_tile: RowTile, v_tile: RowTile, lane: str, warp: str, g: str,
+                    t: str, d: int, bn: int, bf16: bool):
+    """mma.sync's per-lane fragment reads (element offsets in stage 0) of Q, K and V, and the warp's
+    first row: (q_reads, k_reads, v_reads, wrow)."""
+    q8 = ix_op(em, "divui", lane, 8)
+    r8 = ix_op(em, "remui", lane, 8)
+    odd8 = ix_op(em, "remui", q8, 2)
+    half16 = ix_op(em, "divui", lane, 16)
+    wrow = ix_op(em, "muli", warp, 16)
+    kstep = 16 if bf16 else 8
+    col_unit = 8 if bf16 else 4  # columns of one 8x8 b16 matrix (8 bf16 or 4 f32)
+    q_reads = [q_tile.offset([wrow, r8, (odd8, 8)], [ks * kstep, (half16, col_unit)]) for ks in range(d // kstep)]
+    k_reads = [[k_tile.offset([r8, (half16, 8), 16 * jp], [ks * kstep, (odd8, col_unit)]) for jp in range(bn // 16)]
+               for ks in range(d // kstep)]
+    if bf16:  # ldmatrix.trans x4: keys r8 + 8 * odd8 of step kk, d columns 8 * half16 of d-tile pair jp
+        v_reads = [[v_tile.offset([r8, (odd8, 8), 16 * kk], [(half16, 8), 16 * jp]) for jp in range(d // 16)]
+                   for kk in range(bn // 16)]
+    else:  # b0 = V[8kk + 2t][8j + g], b1 = V[8kk + 2t + 1][8j + g]
+        t2 = ix_op(em, "muli", t, 2)
+        v_reads = [[(v_tile.offset([t2, 8 * kk], [g, 8 * j]), v_tile.offset([t2, 8 * kk + 1], [g, 8 * j]))
+                    for j in range(d // 8)] for kk in range(bn // 8)]
+    return q_reads, k_reads, v_reads, wrow
 
 
 def module_text(name: str, memrefs: dict, lines: list[str], threads: int, target: Target) -> str:
@@ -385,6 +435,11 @@ def module_text(name: str, memrefs: dict, lines: list[str], threads: int, target
         "}",
         "}",
     ]) + "\n"
+
+
+def instruction(config: AttentionConfig, bf16: bool) -> str:
+    """The MMA instruction a kernel's products run on, as schedules print it."""
+    return "wgmma bf16" if config.mma == "wgmma" else f"mma.sync {'bf16' if bf16 else 'tf32'}"
 
 
 def ldmatrix(em: GpuEmitter, view: str, view_type: str, at: str, count: int, transpose: bool, bf16: bool) -> list[str]:

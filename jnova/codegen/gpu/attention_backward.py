@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import math
 
-from jnova.codegen.gpu.attention import (ELEMENT, LOG2E, MASKED, RowCopier, RowTile, default_name, exp2, ldmatrix,
-                                         mma, module_text, pack_bf16, shuffle_xor, tf32, tree)
+from jnova.codegen.gpu.attention import (ELEMENT, FENCE_PROXY_ASYNC, LOG2E, MASKED, RowCopier, RowTile, default_name,
+                                         exp2, instruction, ldmatrix, mma, mma_refusal, module_text, pack_bf16,
+                                         shuffle_xor, tf32, tree)
+from jnova.codegen.gpu.attention_wgmma import WarpgroupProducts
 from jnova.codegen.gpu.attention_operands import (kernel_operands, natural_view, natural_views, operand_sizes,
                                                   written_concatenation)
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule
@@ -136,6 +138,9 @@ def backward_refusal(problem: AttentionProblem, config: AttentionConfig, target:
         return reason
     if config.block_m != 16 * config.warps or config.block_n % 16 or config.stages < 2:
         return f"{config}: warps of 16 rows, block_n a multiple of 16 and at least 2 stages"
+    reason = mma_refusal(problem, config, target, config.block_n)
+    if reason:
+        return reason
     if config.threads < 2 * config.block_n:
         return f"{config}: the dK/dV kernel copies a q tile's lse and delta with one thread per value"
     if backward_smem_bytes(problem, config) > target.smem_per_block_optin:
@@ -218,6 +223,7 @@ def attention_dq_module(problem: AttentionProblem, config: AttentionConfig, targ
     em, memrefs, views, smem, view, view_type, tid, name = _setup(p, cfg, target, name, "dq", DQ_PARAMS, writes,
                                                                   inputs, views, input_sizes)
     el, bf16 = ELEMENT[p.dtype], p.dtype == "bfloat16"
+    wgmma = cfg.mma == "wgmma"
     d, bm, bn = p.head_dim, cfg.block_m, cfg.block_n
     q_tiles, k_tiles = math.ceil(p.q_len / bm), math.ceil(p.kv_len / bn)
     q_tile = em.op(f"arith.subi {em.index(q_tiles - 1)}, {em.op('gpu.block_id x')} : index")
@@ -286,14 +292,19 @@ def attention_dq_module(problem: AttentionProblem, config: AttentionConfig, targ
     c = em.op(f"arith.constant {p.softmax_scale * LOG2E!r} : f32")
     masked = em.op(f"arith.constant {MASKED:e} : f32")
     minus_lse2 = [em.op(f"arith.negf {x} : f32") for x in lse2]
-    q_reads, do_reads = w.a_reads(q_tile_s, d), w.a_reads(do_tile, d)
-    k_by_d, v_by_d = w.k_major_reads(k_tile, d, bn), w.k_major_reads(v_tile, d, bn)
-    k_by_keys = w.n_major_reads(k_tile, bn, d)
+    if wgmma:
+        products = WarpgroupProducts(em, smem, tid, d)
+    else:
+        q_reads, do_reads = w.a_reads(q_tile_s, d), w.a_reads(do_tile, d)
+        k_by_d, v_by_d = w.k_major_reads(k_tile, d, bn), w.k_major_reads(v_tile, d, bn)
+        k_by_keys = w.n_major_reads(k_tile, bn, d)
     state = [zero] * (4 * (d // 8))
     types = ", ".join(["f32"] * len(state))
 
     def body(kt, acc, mask):
         em.line("nvvm.cp.async.wait.group 0")
+        if wgmma:
+            em.line(FENCE_PROXY_ASYNC)
         em.line("gpu.barrier")
         nxt = ix_add(em, kt, 1)
         with em.region(f"scf.if {em.op(f'arith.cmpi ult, {nxt}, {end} : index')} {{"):
@@ -303,14 +314,20 @@ def attention_dq_module(problem: AttentionProblem, config: AttentionConfig, targ
             v_copy.issue(base["v"], row0, stage)
         em.line("nvvm.cp.async.commit.group")
         stage = ix_op(em, "muli", ix_op(em, "remui", kt, cfg.stages), stage_elems)
-        s = w.rows_by_tile(q_reads, None, k_by_d, stage, bn)
+        if wgmma:
+            s, dp = products.scores([(q_tile_s, None, k_tile, stage), (do_tile, None, v_tile, stage)], bn)
+        else:
+            s = w.rows_by_tile(q_reads, None, k_by_d, stage, bn)
         if mask:
             _mask(em, s, ix_op(em, "muli", kt, bn), w.t, [row_g, ix_add(em, row_g, 8)], p, masked, keys_are_columns=True)
         prob = [[exp2(em, em.op(f"math.fma {s[j][i]}, {c}, {minus_lse2[i // 2]} : f32")) for i in range(4)]
                 for j in range(bn // 8)]
-        dp = w.rows_by_tile(do_reads, None, v_by_d, stage, bn)
+        if not wgmma:
+            dp = w.rows_by_tile(do_reads, None, v_by_d, stage, bn)
         ds = [[em.op(f"arith.mulf {prob[j][i]}, {em.op(f'arith.subf {dp[j][i]}, {deltas[i // 2]} : f32')} : f32")
                for i in range(4)] for j in range(bn // 8)]
+        if wgmma:
+            return products.accumulate(ds, k_tile, stage, acc)
         return w.accumulate(ds, k_by_keys, stage, acc, d)
 
     state = _loops(em, state, types, [(em.index(0), full, False), (full, end, True)], body)
@@ -319,7 +336,7 @@ def attention_dq_module(problem: AttentionProblem, config: AttentionConfig, targ
     _store_rows(em, memrefs, "dq", state, scale, dq_view.base(em, batch, head), dq_view.row, row_g, w.t, p.q_len,
                 d, el, bf16)
     text = module_text(name, _parameters(memrefs), em.lines, cfg.threads, target)
-    schedule = f"attention[dq mma.sync {'bf16' if bf16 else 'tf32'}] {p} {cfg}"
+    schedule = f"attention[dq {instruction(cfg, bf16)}] {p} {cfg}"
     return GpuModule(name, text, (q_tiles, p.q_heads, p.batch), (cfg.threads, 1, 1), backward_smem_bytes(p, cfg),
                      schedule)
 
@@ -334,6 +351,7 @@ def attention_dkdv_module(problem: AttentionProblem, config: AttentionConfig, ta
     em, memrefs, views, smem, view, view_type, tid, name = _setup(p, cfg, target, name, "dkdv", DKDV_PARAMS, writes,
                                                                   inputs, views, input_sizes, concatenation)
     el, bf16 = ELEMENT[p.dtype], p.dtype == "bfloat16"
+    wgmma = cfg.mma == "wgmma"
     d, bk, bq = p.head_dim, cfg.block_m, cfg.block_n
     key_tiles, q_tiles = math.ceil(p.kv_len / bk), math.ceil(p.q_len / bq)
     key_tile = em.op("gpu.block_id x")
@@ -400,15 +418,20 @@ def attention_dkdv_module(problem: AttentionProblem, config: AttentionConfig, ta
     log2e = em.op(f"arith.constant {LOG2E!r} : f32")
     masked = em.op(f"arith.constant {MASKED:e} : f32")
     key_g = ix_add(em, n0, w.wrow, w.g)
-    k_reads, v_reads = w.a_reads(k_tile, d), w.a_reads(v_tile, d)
-    q_by_d, do_by_d = w.k_major_reads(q_ring, d, bq), w.k_major_reads(do_ring, d, bq)
-    q_by_rows, do_by_rows = w.n_major_reads(q_ring, bq, d), w.n_major_reads(do_ring, bq, d)
+    if wgmma:
+        products = WarpgroupProducts(em, smem, tid, d)
+    else:
+        k_reads, v_reads = w.a_reads(k_tile, d), w.a_reads(v_tile, d)
+        q_by_d, do_by_d = w.k_major_reads(q_ring, d, bq), w.k_major_reads(do_ring, d, bq)
+        q_by_rows, do_by_rows = w.n_major_reads(q_ring, bq, d), w.n_major_reads(do_ring, bq, d)
     n_acc = 4 * (d // 8)
     state = [zero] * (2 * n_acc)  # dK, dV
     types = ", ".join(["f32"] * len(state))
 
     def body(it, acc, _masked_loop):
         em.line("nvvm.cp.async.wait.group 0")
+        if wgmma:
+            em.line(FENCE_PROXY_ASYNC)
         em.line("gpu.barrier")
         nxt = ix_add(em, it, 1)
         with em.region(f"scf.if {em.op(f'arith.cmpi ult, {nxt}, {total} : index')} {{"):
@@ -425,17 +448,26 @@ def attention_dkdv_module(problem: AttentionProblem, config: AttentionConfig, ta
                 vec = em.op(f"vector.load {rows_view}[{ix_add(em, col_at, which + 8 * j)}] : {rows_view_type}, "
                             f"vector<2xf32>")
                 out.append([em.op(f"vector.extract {vec}[{i}] : f32 from vector<2xf32>") for i in range(2)])
-        s = w.rows_by_tile(k_reads, None, q_by_d, stage, bq)
+        if wgmma:
+            s, dp = products.scores([(k_tile, None, q_ring, stage), (v_tile, None, do_ring, stage)], bq)
+        else:
+            s = w.rows_by_tile(k_reads, None, q_by_d, stage, bq)
         _mask(em, s, q0, w.t, [key_g, ix_add(em, key_g, 8)], p, masked, keys_are_columns=False)
         minus_lse2 = [[em.op(f"arith.negf {em.op(f'arith.mulf {x}, {log2e} : f32')} : f32") for x in pair]
                       for pair in lse2]
         prob = [[exp2(em, em.op(f"math.fma {s[j][i]}, {c}, {minus_lse2[j][i % 2]} : f32")) for i in range(4)]
                 for j in range(bq // 8)]
-        dv = w.accumulate(prob, do_by_rows, stage, acc[n_acc:], d)
-        dp = w.rows_by_tile(v_reads, None, do_by_d, stage, bq)
+        if wgmma:  # dV's products run while dS^T is formed; dK's wait for both
+            dv = products.accumulate(prob, do_ring, stage, acc[n_acc:], wait=False)
+        else:
+            dv = w.accumulate(prob, do_by_rows, stage, acc[n_acc:], d)
+            dp = w.rows_by_tile(v_reads, None, do_by_d, stage, bq)
         ds = [[em.op(f"arith.mulf {prob[j][i]}, {em.op(f'arith.subf {dp[j][i]}, {delta[j][i % 2]} : f32')} : f32")
                for i in range(4)] for j in range(bq // 8)]
-        dk = w.accumulate(ds, q_by_rows, stage, acc[:n_acc], d)
+        if wgmma:
+            dk = products.accumulate(ds, q_ring, stage, acc[:n_acc])
+        else:
+            dk = w.accumulate(ds, q_by_rows, stage, acc[:n_acc], d)
         return dk + dv
 
     state = _loops(em, state, types, [(em.index(0), total, True)], body)
@@ -450,7 +482,7 @@ def attention_dkdv_module(problem: AttentionProblem, config: AttentionConfig, ta
         _copy_rows(em, memrefs[f"part{i}"], memrefs["dk"], shape, offset, strides, el, p.elem_bytes,
                    ix_add(em, (block, cfg.threads), tid), math.prod(grid) * cfg.threads)
     text = module_text(name, _parameters(memrefs), em.lines, cfg.threads, target)
-    schedule = f"attention[dkdv mma.sync {'bf16' if bf16 else 'tf32'}] {p} {cfg}"
+    schedule = f"attention[dkdv {instruction(cfg, bf16)}] {p} {cfg}"
     return GpuModule(name, text, grid, (cfg.threads, 1, 1), backward_smem_bytes(p, cfg), schedule)
 
 

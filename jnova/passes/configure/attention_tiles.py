@@ -20,6 +20,15 @@ trips. Deterministic: the same problem and target always give the same config. T
 (plus 2 x block_n f32 of lse and delta) per stage: `choose_attention_tiles(..., backward=True)` applies
 the same rule to that footprint, and a problem is refused unless the backward fits too.
 
+On a GPU with wgmma (sm_90a), bf16 problems run on warpgroup products (`codegen/gpu/attention_wgmma.py`):
+warpgroups of 64 rows, two per block (`WGMMA_SEEDS`: block_m = 128, so each K/V tile in shared memory
+serves 128 query rows), and the widest score tile (block_n: 128, 64 or 32 columns) whose accumulators
+fit a register budget. A wgmma kernel holds its accumulators for whole tiles in registers (a thread
+of a warpgroup holds n/2 f32 of a 64 x n product), and it is registers, not shared memory, that bound
+it: `AttentionConfig.accumulator_registers` counts them and `WGMMA_ACCUMULATOR_REGISTERS` is the
+largest count ptxas compiles without spilling. GPT-2's head dim 64 gets 128-key forward tiles and
+64-row backward tiles; head dim 128 a 32-row backward tile (its dK and dV alone take 128 registers).
+
 `attention_refusal` says why no generated kernel computes a problem (head dims other than 64 and 128,
 f16, additive bias or boolean masks, causal attention with Tq != Tk, a non-positive scale, kv heads
 not dividing q heads); the op then stays on the generic path.
@@ -37,6 +46,16 @@ LAYOUTS = ("bthd", "bhtd")
 MIN_BLOCKS_PER_SM = 2
 # (block_m, block_n, warps, stages), tried in order
 SEEDS = ((64, 64, 4, 2), (64, 32, 4, 2))
+# bf16 on targets with wgmma: warpgroups of 64 rows (two per block: each K/V tile serves 128 rows),
+# the widest score tile whose accumulators fit WGMMA_ACCUMULATOR_REGISTERS
+WGMMA_SEEDS = ((128, 128, 8, 2, "wgmma"), (128, 64, 8, 2, "wgmma"), (128, 32, 8, 2, "wgmma"),
+               (64, 32, 4, 2, "wgmma"))
+# f32 accumulator and packed-operand registers a thread of a wgmma kernel may hold (the model of
+# `AttentionConfig.accumulator_registers`). ptxas (CUDA 13.0, sm_90a) puts the kernels at up to 176
+# of them in 232-255 registers without spills (the dK/dV kernel: 206 at 160, 236 at 176) and spills
+# those at 224 (24 B, head dim 128 with 64-row q tiles) or 256; tests/test_gpu_attention_codegen.py
+# assembles every choice
+WGMMA_ACCUMULATOR_REGISTERS = 176
 
 
 @dataclass(frozen=True)
@@ -90,6 +109,7 @@ class AttentionConfig:
     block_n: int = 64  # keys per K/V tile
     warps: int = 4  # each owns block_m / warps = 16 query rows
     stages: int = 2  # K/V tiles in the cp.async ring
+    mma: str = "mma.sync"  # the products' instruction: mma.sync per warp, or wgmma per warpgroup (bf16, sm_90a)
 
     @property
     def threads(self) -> int:
@@ -107,12 +127,22 @@ class AttentionConfig:
         tile = problem.head_dim * problem.elem_bytes
         return 2 * self.block_m * tile + self.stages * (2 * self.block_n * tile + 2 * self.block_n * 4)
 
+    def accumulator_registers(self, problem: AttentionProblem, backward: bool = False) -> int:
+        """Per thread of a warpgroup (64 rows x n columns of f32 are n/2 registers): the forward's S, P
+        (bf16 pairs) and O; the dK/dV kernel's S^T, dP^T, P^T and dS^T (bf16 pairs), dK and dV (the
+        larger of the two backward kernels: dQ's holds S, dP, dS and dQ)."""
+        n, d = self.block_n, problem.head_dim
+        if backward:
+            return n // 2 + n // 2 + n // 4 + n // 4 + d // 2 + d // 2
+        return n // 2 + n // 4 + d // 2
+
     def blocks_per_sm(self, problem: AttentionProblem, target: Target, backward: bool = False) -> int:
         smem = self.backward_smem_bytes(problem) if backward else self.smem_bytes(problem)
         return min(target.blocks_per_sm_by_smem(smem), 2048 // self.threads)
 
     def __str__(self) -> str:
-        return f"block={self.block_m}x{self.block_n} warps={self.warps} stages={self.stages}"
+        mma = " wgmma" if self.mma == "wgmma" else ""
+        return f"block={self.block_m}x{self.block_n} warps={self.warps} stages={self.stages}{mma}"
 
 
 def attention_refusal(problem: AttentionProblem, target: Target) -> str | None:
@@ -150,6 +180,11 @@ def choose_attention_tiles(problem: AttentionProblem, target: Target, backward: 
     if reason:
         raise ValueError(f"no attention kernel for {problem}: {reason}")
     footprint = AttentionConfig.backward_smem_bytes if backward else AttentionConfig.smem_bytes
+    if problem.dtype == "bfloat16" and target.has("wgmma"):
+        for config in (AttentionConfig(*s) for s in WGMMA_SEEDS):
+            if (config.accumulator_registers(problem, backward) <= WGMMA_ACCUMULATOR_REGISTERS
+                    and footprint(config, problem) <= target.smem_per_block_optin):
+                return config
     fitting = [AttentionConfig(*s) for s in SEEDS]
     fitting = [c for c in fitting if footprint(c, problem) <= target.smem_per_block_optin]
     if not fitting:

@@ -314,16 +314,16 @@ def attention_dq_module(problem: AttentionProblem, config: AttentionConfig, targ
             v_copy.issue(base["v"], row0, stage)
         em.line("nvvm.cp.async.commit.group")
         stage = ix_op(em, "muli", ix_op(em, "remui", kt, cfg.stages), stage_elems)
-        if wgmma:
-            s, dp = products.scores([(q_tile_s, None, k_tile, stage), (do_tile, None, v_tile, stage)], bn)
+        if wgmma:  # P is formed while dP's products run
+            pending = products.issue_scores([(q_tile_s, None, k_tile, stage), (do_tile, None, v_tile, stage)], bn)
+            s = products.ready(pending[0], 1)
         else:
             s = w.rows_by_tile(q_reads, None, k_by_d, stage, bn)
         if mask:
             _mask(em, s, ix_op(em, "muli", kt, bn), w.t, [row_g, ix_add(em, row_g, 8)], p, masked, keys_are_columns=True)
         prob = [[exp2(em, em.op(f"math.fma {s[j][i]}, {c}, {minus_lse2[i // 2]} : f32")) for i in range(4)]
                 for j in range(bn // 8)]
-        if not wgmma:
-            dp = w.rows_by_tile(do_reads, None, v_by_d, stage, bn)
+        dp = products.ready(pending[1], 0) if wgmma else w.rows_by_tile(do_reads, None, v_by_d, stage, bn)
         ds = [[em.op(f"arith.mulf {prob[j][i]}, {em.op(f'arith.subf {dp[j][i]}, {deltas[i // 2]} : f32')} : f32")
                for i in range(4)] for j in range(bn // 8)]
         if wgmma:
@@ -448,8 +448,9 @@ def attention_dkdv_module(problem: AttentionProblem, config: AttentionConfig, ta
                 vec = em.op(f"vector.load {rows_view}[{ix_add(em, col_at, which + 8 * j)}] : {rows_view_type}, "
                             f"vector<2xf32>")
                 out.append([em.op(f"vector.extract {vec}[{i}] : f32 from vector<2xf32>") for i in range(2)])
-        if wgmma:
-            s, dp = products.scores([(k_tile, None, q_ring, stage), (v_tile, None, do_ring, stage)], bq)
+        if wgmma:  # P^T is formed while dP^T's products run, dS^T while dV's do
+            pending = products.issue_scores([(k_tile, None, q_ring, stage), (v_tile, None, do_ring, stage)], bq)
+            s = products.ready(pending[0], 1)
         else:
             s = w.rows_by_tile(k_reads, None, q_by_d, stage, bq)
         _mask(em, s, q0, w.t, [key_g, ix_add(em, key_g, 8)], p, masked, keys_are_columns=False)
@@ -459,6 +460,7 @@ def attention_dkdv_module(problem: AttentionProblem, config: AttentionConfig, ta
                 for j in range(bq // 8)]
         if wgmma:  # dV's products run while dS^T is formed; dK's wait for both
             dv = products.accumulate(prob, do_ring, stage, acc[n_acc:], wait=False)
+            dp = products.ready(pending[1], 1)
         else:
             dv = w.accumulate(prob, do_by_rows, stage, acc[n_acc:], d)
             dp = w.rows_by_tile(v_reads, None, do_by_d, stage, bq)

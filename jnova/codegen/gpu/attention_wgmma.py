@@ -84,10 +84,16 @@ class WarpgroupProducts:
     def scores(self, pairs, n: int) -> list[list[list[str]]]:
         """For each (a_tile, a_stage, b_tile, b_stage): C = A B^T over D for the warpgroup's 64 rows of A
         and the n rows of B, issued together and waited for once; each C as n/8 tiles of 4 values."""
+        pending = self.issue_scores(pairs, n)
+        return [self.ready(p, 0) for p in pending]
+
+    def issue_scores(self, pairs, n: int) -> list[tuple[str, str, int]]:
+        """The products of `scores`, each committed as a group of its own and not waited for: handles
+        for `ready`, which the groups reach in this order."""
         em = self.em
         acc_type = "!llvm.struct<(" + ", ".join(["f32"] * (n // 2)) + ")>"
         em.line("nvvm.wgmma.fence.aligned")
-        results = []
+        pending = []
         for a, a_stage, b, b_stage in pairs:
             acc = em.op(f"llvm.mlir.zero : {acc_type}")
             for ks in range(self.d // K_STEP):
@@ -97,11 +103,17 @@ class WarpgroupProducts:
                             f"D [<f32>, #nvvm.wgmma_scale_out<{'zero' if ks == 0 else 'one'}>, <wrapped>], "
                             f"A [<bf16>, #nvvm.wgmma_scale_in<one>, <row>], B [<bf16>, #nvvm.wgmma_scale_in<one>, <col>] "
                             f": {acc_type} -> {acc_type}")
-            results.append(acc)
-        em.line("nvvm.wgmma.commit.group.sync.aligned")
-        em.line("nvvm.wgmma.wait.group.sync.aligned 0")
-        return [[[em.op(f"llvm.extractvalue {acc}[{4 * j + w}] : {acc_type}") for w in range(4)]
-                 for j in range(n // 8)] for acc in results]
+            em.line("nvvm.wgmma.commit.group.sync.aligned")
+            pending.append((acc, acc_type, n))
+        return pending
+
+    def ready(self, pending: tuple[str, str, int], in_flight: int) -> list[list[str]]:
+        """A product of `issue_scores` as n/8 tiles of 4 values, after waiting until at most `in_flight`
+        groups committed after it (or not yet waited for) are still running."""
+        acc, acc_type, n = pending
+        self.wait(in_flight)
+        return [[self.em.op(f"llvm.extractvalue {acc}[{4 * j + w}] : {acc_type}") for w in range(4)]
+                for j in range(n // 8)]
 
     def accumulate(self, c_tiles: list[list[str]], b, b_stage: str | None, acc: list[str],
                    wait: bool = True) -> list[str]:
@@ -124,8 +136,9 @@ class WarpgroupProducts:
             self.wait()
         return acc
 
-    def wait(self) -> None:
-        self.em.line("nvvm.wgmma.wait.group.sync.aligned 0")
+    def wait(self, in_flight: int = 0) -> None:
+        """Until at most `in_flight` committed groups of this warpgroup are still running."""
+        self.em.line(f"nvvm.wgmma.wait.group.sync.aligned {in_flight}")
 
 
 def wgmma_rs(em: GpuEmitter, a: list[str], b_desc: str, acc: list[str], scale_d: str, n: int) -> list[str]:

@@ -38,6 +38,9 @@ from jnova.runtime.target import Target
 BLOCK = 256  # threads per block
 MAX_COL_THREADS = 32  # a warp along the columns when there are enough column groups for every SM
 MIN_SEGMENT_BYTES = 32  # a warp reads whole 32-byte sectors of each row
+# rows a thread has loads in flight for: one at a time, a column kernel of 4 rows a thread (GPT-2's
+# bias gradients, [512, 12288] bf16 partials) waited out four DRAM latencies and streamed 0.64 TB/s
+ROWS_IN_FLIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -160,20 +163,40 @@ def column_reduction_body(em: GpuEmitter, kernel: Kernel, memrefs: dict, outs: l
 
 def _fold_rows(em: GpuEmitter, kind: str, dtype: str, x, memrefs, init: str, row_lane: str, rows: str,
                column: str, sched: ColumnReductionSchedule) -> list[str]:
-    """`vector` registers: this thread's rows (`row_lane`, `row_lane + row_lanes`, ...) of its columns."""
+    """`vector` registers: this thread's rows (`row_lane`, `row_lane + row_lanes`, ...) of its columns,
+    folded in that order, `ROWS_IN_FLIGHT` rows a trip: their loads do not wait for each other's folds
+    (a row past the end is read at the last row and not folded)."""
     n = sched.vector
+    ahead = rows_in_flight(sched)
     wide_init, e = widen_for_exchange(em.scalar(), init, dtype)
     accs, args, r = [em.fresh("acc") for _ in range(n)], [em.fresh("a") for _ in range(n)], em.fresh("r")
     inits = ", ".join(f"{a} = {wide_init}" for a in args)
-    with em.region(f"{', '.join(accs)} = scf.for {r} = {row_lane} to {rows} step {em.index(sched.row_lanes)} "
+    last_row = em.op(f"arith.subi {rows}, {em.index(1)} : index")
+    with em.region(f"{', '.join(accs)} = scf.for {r} = {row_lane} to {rows} step {em.index(sched.row_lanes * ahead)} "
                    f"iter_args({inits}) -> ({', '.join([e] * n)}) {{"):
-        start = em.op(f"arith.addi {em.op(f'arith.muli {r}, {em.index(sched.cols)} : index')}, {column} : index")
-        values = Evaluator(em, memrefs).lanes(x, Point(x.type.shape, n, True, flat=start))
         s = em.scalar()
-        folded = [combine(s, kind, dtype, narrow_after_exchange(s, a, dtype), s.cast(v, x.type.dtype, dtype))
-                  for a, v in zip(args, values)]
+        reads = []
+        for k in range(ahead):
+            row = r if k == 0 else em.op(f"arith.addi {r}, {em.index(k * sched.row_lanes)} : index")
+            inside = em.op(f"arith.cmpi ult, {row}, {rows} : index") if k else None
+            at = row if k == 0 else em.op(f"arith.minui {row}, {last_row} : index")
+            start = em.op(f"arith.addi {em.op(f'arith.muli {at}, {em.index(sched.cols)} : index')}, {column} : index")
+            values = Evaluator(em, memrefs).lanes(x, Point(x.type.shape, n, True, flat=start))
+            reads.append((inside, values))
+        folded = [narrow_after_exchange(s, a, dtype) for a in args]
+        for inside, values in reads:
+            new = [combine(s, kind, dtype, f, s.cast(v, x.type.dtype, dtype)) for f, v in zip(folded, values)]
+            if inside is not None:
+                t = element(dtype)
+                new = [em.op(f"arith.select {inside}, {a}, {b} : {t}") for a, b in zip(new, folded)]
+            folded = new
         em.line(f"scf.yield {', '.join(widen_for_exchange(s, f, dtype)[0] for f in folded)} : {', '.join([e] * n)}")
     return [narrow_after_exchange(em.scalar(), a, dtype) for a in accs]
+
+
+def rows_in_flight(sched: ColumnReductionSchedule) -> int:
+    """Rows a thread reads per trip of its fold: up to ROWS_IN_FLIGHT, no more than it has."""
+    return max(1, min(ROWS_IN_FLIGHT, math.ceil(sched.rows / sched.row_lanes)))
 
 
 def _across_row_lanes(em: GpuEmitter, kind: str, dtype: str, accs: list[str], init: str, tid: str,

@@ -33,6 +33,7 @@ CASES = {
     "layernorm_weight_grad_bf16": (lambda g, xhat: jnp.sum(g.astype(f32) * xhat.astype(f32), axis=(0, 1)),
                                    [((4, 256, 768), bf16), ((4, 256, 768), bf16)]),
     "max_nan": (lambda x: jnp.max(x, axis=0), [((300, 40), f32)]),
+    "sum_1000x768_last_trip_partial": (lambda x: jnp.sum(x, axis=0), [((1000, 768), f32)]),
     "min_i32_keep_2d": (lambda x: jnp.min(x, axis=0), [((33, 6, 10), i32)]),
     # size-1 dims anywhere (batch 1): the sized reduced dims lead the sized ones
     "sum_unit_batch_1x64x768": (lambda x: jnp.sum(x, axis=1), [((1, 64, 768), f32)]),
@@ -77,6 +78,20 @@ def test_schedule_reads_16_bytes_and_spreads_columns_over_blocks():
     assert launch.grid[0] * launch.block[0] >= 768 // 4 and launch.block[0] % 32 == 0
     _, _, kernel, _ = case_kernel("bf16_sum_8x128x768")
     assert "vector=8" in compile_gpu_kernel(kernel, get_target("h200")).schedule
+
+
+def test_threads_read_four_rows_before_folding_them():
+    """Each thread's fold has four rows' loads per trip (none waits for another row's fold); a thread
+    with fewer rows reads only those."""
+    from jnova.codegen.gpu.column_reduction import choose_column_reduction_schedule
+
+    h200 = get_target("h200")
+    for name, rows_each in (("sum_4096x768", 4), ("sum_3x5x7", 1)):
+        _, _, kernel, _ = case_kernel(name)
+        sched = choose_column_reduction_schedule(kernel, h200)
+        assert sched.rows >= 4 * sched.row_lanes if rows_each == 4 else sched.rows <= sched.row_lanes
+        text = build_gpu_module(kernel, h200).text
+        assert text.count("vector.load") + text.count("memref.load %in") == rows_each, name
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -105,6 +105,13 @@ def test_a_rounding_folded_in_one_kernel_leaves_the_others_copies_alone():
             jnp.asarray(normal(rng, (1, 4)), jnp.float32))
     step = jax.value_and_grad(loss)
     got, want = jnova.compile(step, kernels="fused")(*args), jax.jit(step)(*args)
+    # the loss sums terms of both signs (s is random): its bf16 rounding is relative to the terms, not to
+    # a sum that may nearly cancel
+    logits = np.asarray(args[0], np.float64)
+    log_p = logits - logits.max(-1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+    terms = -np.take_along_axis(log_p, np.asarray(args[1])[..., None], -1)[..., 0] * np.asarray(args[2], np.float64)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-        np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-2 * float(np.abs(w).max()))
+        scale = float(np.abs(terms).sum()) if w.ndim == 0 else float(np.abs(w).max())
+        np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-2 * scale)

@@ -3,7 +3,7 @@
     JAX_PLATFORMS=cuda python benchmarks/attention.py --check --bench
     JAX_PLATFORMS=cuda python benchmarks/attention.py --bench --shapes 8x12x1024x64 --dtypes bfloat16
     JAX_PLATFORMS=cuda python benchmarks/attention.py --bench --dtypes bfloat16 \
-        --variants "chosen;mma.sync;fwd=128x64x8,bwd=64x64x4"
+        --variants "chosen;wgmma;mma.sync;fwd=128x64x8,bwd=64x64x4"
 
 --check compares jnova's o and lse with a float32 reference (HIGHEST precision) first and drops a
 case whose error is too large; --bench times, per shape (B, H, T, D) and dtype:
@@ -14,7 +14,8 @@ case whose error is too large; --bench times, per shape (B, H, T, D) and dtype:
             (`codegen/gpu/attention_backward.py`), three launches under one jit.
 --variants times jnova's kernels under other tile configurations too (the measurements behind the
 configurator's choices, `passes/configure/attention_tiles.py`): `chosen` (the configurator's), `mma.sync`
-(its choice on the same GPU without wgmma), or `fwd=BMxBNxWARPS,bwd=BMxBNxWARPS` (wgmma tiles); each
+(its choice on the same GPU without wgmma), `wgmma` (its choice of wgmma tiles), or
+`fwd=BMxBNxWARPS,bwd=BMxBNxWARPS` (wgmma tiles); each
 variant's dQ and dK/dV kernels are also timed alone (labels dq, dkdv). Records carry the schedule.
 Times are medians of back-to-back batches after warm-up (benchmarks/matmul.py's `timed`). TFLOP/s
 counts causal FLOPs: forward 4 B H T^2 D / 2, backward 2.5 times that. Inputs are [B, T, H, D] (bthd),
@@ -59,10 +60,12 @@ def problem(shape, dtype: str) -> AttentionProblem:
 
 def configs(variant: str, p: AttentionProblem, target) -> tuple[AttentionConfig, AttentionConfig]:
     """(forward, backward) configs of a --variants entry."""
-    if variant in ("chosen", "mma.sync"):
+    if variant in ("chosen", "mma.sync", "wgmma"):
+        wgmma = {"chosen": None, "mma.sync": False, "wgmma": True}[variant]
         if variant == "mma.sync":
             target = dataclasses.replace(target, features=target.features - {"wgmma"})
-        return choose_attention_tiles(p, target), choose_attention_tiles(p, target, backward=True)
+        return (choose_attention_tiles(p, target, wgmma=wgmma),
+                choose_attention_tiles(p, target, backward=True, wgmma=wgmma))
     tiles = dict(part.split("=") for part in variant.split(","))
     out = []
     for kind in ("fwd", "bwd"):
@@ -146,7 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="compare jnova with a float32 reference first")
     parser.add_argument("--bench", action="store_true", help="time jnova, XLA and cuDNN")
     parser.add_argument("--variants", default="chosen",
-                        help="jnova tile configurations, ';'-separated: chosen, mma.sync, fwd=BMxBNxW,bwd=BMxBNxW")
+                        help="jnova tile configurations, ';'-separated: chosen, wgmma, mma.sync, fwd=BMxBNxW,bwd=BMxBNxW")
     args = parser.parse_args(argv)
     if not (args.check or args.bench):
         parser.error("nothing to do: pass --check and/or --bench")

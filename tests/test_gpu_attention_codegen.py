@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import jnova.codegen.gpu.attention as attention
+import jnova.passes.configure.attention_tiles as attention_tiles
 from helpers.gpu_warp_interpreter import BF16, KernelFault, run_kernel
 from jnova.codegen.gpu.attention import attention_forward_module, build_attention_forward
 from jnova.codegen.gpu.ptx import assemble_check, ptxas_path, to_ptx
@@ -30,6 +31,7 @@ from jnova.runtime.target import KiB, get_target
 H200 = get_target("h200")
 H200_MMA_SYNC = dataclasses.replace(H200, features=H200.features - {"wgmma"})  # bf16 on mma.sync
 INSTRUCTIONS = {"wgmma": H200, "mma.sync": H200_MMA_SYNC}
+STEP_INSTRUCTION = "wgmma" if attention_tiles.WGMMA_BY_DEFAULT else "mma.sync"  # what a bf16 step runs on the H200
 requires_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas is not on PATH")
 
 # (batch, q heads, kv heads, T, D, layout)
@@ -65,7 +67,7 @@ def assert_instructions(ptx: str, dtype: str, instruction: str) -> None:
 def test_forward_ptx_assembles_without_spills(dtype, instruction, causal, batch, hq, hkv, t, d, layout):
     problem = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
     target = INSTRUCTIONS[instruction]
-    config = choose_attention_tiles(problem, target)
+    config = choose_attention_tiles(problem, target, wgmma=instruction == "wgmma")
     assert config.mma == instruction
     kernel = build_attention_forward(problem, config, target)
     report = assemble_check(kernel.ptx, target.arch)
@@ -136,7 +138,7 @@ def _with_instructions(cases):
 def test_forward_numerics_in_the_warp_interpreter(case, instruction):
     batch, hq, hkv, t, d, dtype, causal, layout = case
     p = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
-    config = choose_attention_tiles(p, INSTRUCTIONS[instruction])
+    config = choose_attention_tiles(p, INSTRUCTIONS[instruction], wgmma=instruction == "wgmma")
     assert config.mma == instruction
     o, lse, want_o, want_lse = _interpret(p, seed=hash(case) % 1000, config=config)
     assert not np.isnan(o).any() and not np.isnan(lse).any()
@@ -167,7 +169,7 @@ def test_the_interpreter_catches_a_misplaced_fragment(monkeypatch, dtype, instru
         monkeypatch.setattr(attention_wgmma, "wgmma_rs",
                             lambda em, a, desc, acc, scale, n: right(em, [a[1], a[0], a[3], a[2]], desc, acc, scale, n))
     p = AttentionProblem(1, 1, 1, 40, 40, 64, dtype, False)
-    config = choose_attention_tiles(p, INSTRUCTIONS[instruction])
+    config = choose_attention_tiles(p, INSTRUCTIONS[instruction], wgmma=instruction == "wgmma")
     assert config.mma == instruction
     o, _, want_o, _ = _interpret(p, 3, config)
     assert np.linalg.norm(o - want_o) / np.linalg.norm(want_o) > 10 * TOLERANCE[dtype]
@@ -211,17 +213,20 @@ def test_bf16_on_the_h200_takes_wgmma_tiles_whose_accumulators_fit():
     """Warpgroups of 64 rows, two per block; the widest score tile within the register budget: GPT-2's
     head dim 64 forward 128 keys a tile, backward 64; head dim 128 backward 32 (its dK and dV take 128
     registers a thread); f32 and a GPU without wgmma keep mma.sync."""
-    from jnova.passes.configure.attention_tiles import WGMMA_ACCUMULATOR_REGISTERS
+    from jnova.passes.configure.attention_tiles import WGMMA_ACCUMULATOR_REGISTERS, WGMMA_BY_DEFAULT
 
     def choices(d, dtype="bfloat16", target=H200):
         p = AttentionProblem(8, 12, 12, 1024, 1024, d, dtype, True)
-        return choose_attention_tiles(p, target), choose_attention_tiles(p, target, backward=True)
+        return (choose_attention_tiles(p, target, wgmma=True),
+                choose_attention_tiles(p, target, backward=True, wgmma=True))
     assert choices(64) == (AttentionConfig(128, 128, 8, 2, "wgmma"), AttentionConfig(128, 64, 8, 2, "wgmma"))
     assert choices(128) == (AttentionConfig(128, 128, 8, 2, "wgmma"), AttentionConfig(128, 32, 8, 2, "wgmma"))
     p = AttentionProblem(8, 12, 12, 1024, 1024, 128, "bfloat16", True)
     assert AttentionConfig(128, 64, 8, 2, "wgmma").accumulator_registers(p, backward=True) > WGMMA_ACCUMULATOR_REGISTERS
     assert all(c.mma == "mma.sync" for c in choices(64, "float32") + choices(64, target=H200_MMA_SYNC))
     assert all(c.mma == "mma.sync" for c in choices(64, target=get_target("rtx6000ada")))
+    p = AttentionProblem(8, 12, 12, 1024, 1024, 64, "bfloat16", True)
+    assert choose_attention_tiles(p, H200).mma == ("wgmma" if WGMMA_BY_DEFAULT else "mma.sync")
 
 
 def test_choices_are_deterministic():
@@ -281,7 +286,7 @@ def test_jnova_compile_for_the_h200_runs_attention_as_the_fused_kernel():
     q = jnp.ones((2, 130, 4, 64), jnp.bfloat16)
     launches = jnova.compile(lambda q, k, v: jnova.ops.attention(q, k, v, causal=True), target="h200") \
         .lower(q, q, q).as_text("launches")
-    assert launches.count("attention[fwd wgmma bf16] attention 2x4x130x64 bfloat16 bthd causal") == 1, launches
+    assert launches.count(f"attention[fwd {STEP_INSTRUCTION} bf16] attention 2x4x130x64 bfloat16 bthd causal") == 1, launches
     assert "matmul" not in launches
 
     q96 = jnp.ones((2, 130, 4, 96), jnp.bfloat16)
@@ -295,7 +300,7 @@ def test_jnova_compile_for_the_h200_runs_attention_as_the_fused_kernel():
     lowered = jnova.compile(jax.grad(loss, argnums=(0, 1, 2)), target="h200").lower(q, k, v)
     launches = lowered.as_text("launches")
     for kind in ("fwd", "dq", "dkdv"):  # the backward as its two kernels
-        assert launches.count(f"attention[{kind} wgmma bf16] attention 2x4x130x64 bfloat16 bthd causal") == 1, launches
+        assert launches.count(f"attention[{kind} {STEP_INSTRUCTION} bf16] attention 2x4x130x64 bfloat16 bthd causal") == 1, launches
     assert "matmul" not in launches
     nova = lowered.as_text("nova")
     assert '"nova.attention_dq"' in nova and '"nova.attention_dkdv"' in nova and '"nova.attention_backward"' not in nova
@@ -323,7 +328,7 @@ BACKWARD_PTX_SHAPES = [(8, 12, 12, 1024, 64, "bthd"), (3, 4, 4, 1000, 64, "bhtd"
 def test_backward_ptx_assembles_without_spills(dtype, instruction, causal, batch, hq, hkv, t, d, layout):
     problem = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
     target = INSTRUCTIONS[instruction]
-    config = choose_attention_tiles(problem, target, backward=True)
+    config = choose_attention_tiles(problem, target, backward=True, wgmma=instruction == "wgmma")
     assert config.mma == instruction
     for build in (build_attention_dq, build_attention_dkdv):
         kernel = build(problem, config, target)
@@ -370,7 +375,7 @@ BACKWARD_INTERPRETED = [  # (batch, q heads, kv heads, T, D, dtype, causal, layo
 def test_backward_numerics_in_the_warp_interpreter(case, instruction):
     batch, hq, hkv, t, d, dtype, causal, layout = case
     p = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
-    config = choose_attention_tiles(p, INSTRUCTIONS[instruction], backward=True)
+    config = choose_attention_tiles(p, INSTRUCTIONS[instruction], backward=True, wgmma=instruction == "wgmma")
     if config.mma != instruction:  # the configurator's choice on the H200 (head dim 128: mma.sync)
         config = dataclasses.replace(choose_attention_tiles(p, H200_MMA_SYNC, backward=True), mma=instruction)
     rng = np.random.default_rng(sum(case[:5]))

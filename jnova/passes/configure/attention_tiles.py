@@ -50,6 +50,11 @@ SEEDS = ((64, 64, 4, 2), (64, 32, 4, 2))
 # the widest score tile whose accumulators fit WGMMA_ACCUMULATOR_REGISTERS
 WGMMA_SEEDS = ((128, 128, 8, 2, "wgmma"), (128, 64, 8, 2, "wgmma"), (128, 32, 8, 2, "wgmma"),
                (64, 32, 4, 2, "wgmma"))
+# Whether the configurator picks the wgmma kernels for bf16 on its own. They compute what the mma.sync
+# kernels do in the CPU interpreter (tests/test_gpu_attention_codegen.py) and assemble without spills,
+# but have not run on a GPU yet: until they have, `choose_attention_tiles(..., wgmma=True)` asks for
+# them (the tests, and `benchmarks/attention.py --variants wgmma`), and steps run the mma.sync kernels.
+WGMMA_BY_DEFAULT = False
 # f32 accumulator and packed-operand registers a thread of a wgmma kernel may hold (the model of
 # `AttentionConfig.accumulator_registers`). ptxas (CUDA 13.0, sm_90a) puts the kernels at up to 176
 # of them in 232-255 registers without spills (the dK/dV kernel: 206 at 160, 236 at 176) and spills
@@ -173,14 +178,17 @@ def attention_refusal(problem: AttentionProblem, target: Target) -> str | None:
     return None
 
 
-def choose_attention_tiles(problem: AttentionProblem, target: Target, backward: bool = False) -> AttentionConfig:
+def choose_attention_tiles(problem: AttentionProblem, target: Target, backward: bool = False,
+                           wgmma: bool | None = None) -> AttentionConfig:
     """The first seed that keeps MIN_BLOCKS_PER_SM blocks per SM, else the one with the most blocks (the
-    smallest footprint of those: fewer registers too); `backward`: for the backward kernels' footprint."""
+    smallest footprint of those: fewer registers too); `backward`: for the backward kernels' footprint.
+    `wgmma`: whether bf16 on a target with wgmma takes WGMMA_SEEDS (default `WGMMA_BY_DEFAULT`)."""
+    wgmma = WGMMA_BY_DEFAULT if wgmma is None else wgmma
     reason = attention_refusal(problem, target)
     if reason:
         raise ValueError(f"no attention kernel for {problem}: {reason}")
     footprint = AttentionConfig.backward_smem_bytes if backward else AttentionConfig.smem_bytes
-    if problem.dtype == "bfloat16" and target.has("wgmma"):
+    if wgmma and problem.dtype == "bfloat16" and target.has("wgmma"):
         for config in (AttentionConfig(*s) for s in WGMMA_SEEDS):
             if (config.accumulator_registers(problem, backward) <= WGMMA_ACCUMULATOR_REGISTERS
                     and footprint(config, problem) <= target.smem_per_block_optin):

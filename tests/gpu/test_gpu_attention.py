@@ -2,12 +2,13 @@
 dk, dv of the backward kernels (`attention_backward.py`: dQ with delta, then dK/dV, fed the forward
 kernel's o and lse), against a float32 reference (XLA, HIGHEST precision; its VJP) on fresh random inputs, for the shapes (B, H, T, D) in
 (8, 12, 1024, 64), (2, 16, 2048, 128), (3, 4, 1000, 64), (1, 8, 77, 128) and GQA 8:2, causal and not,
-bf16 and f32, both layouts.
+bf16 (on wgmma where the GPU has it, and on mma.sync) and f32, both layouts.
 
 Launch: through `nova_kernel_p`'s CUDA lowering (jaxlib's PTX kernel call) inside `jax.jit`. Both
 outputs are poisoned: they alias donated NaN-filled operands, so an element the kernel does not write
 fails the comparison. Kernels are compiled up front in parallel processes."""
 import concurrent.futures
+import dataclasses
 import multiprocessing
 import os
 
@@ -32,26 +33,37 @@ LSE_TOLERANCE = {"bfloat16": 2e-2, "float32": 3e-3}  # absolute, natural log
 
 
 def _cases():
+    """(problem, instruction): bf16 on wgmma (where the GPU has it) and on mma.sync, f32 on mma.sync."""
     cases = []
-    for dtype in ("bfloat16", "float32"):
+    for dtype, instruction in (("bfloat16", "wgmma"), ("bfloat16", "mma.sync"), ("float32", "mma.sync")):
+        if instruction == "wgmma" and not TARGET.has("wgmma"):
+            continue
         for causal in (False, True):
             for b, hq, hkv, t, d, layout in ((8, 12, 12, 1024, 64, "bthd"), (2, 16, 16, 2048, 128, "bthd"),
                                              (3, 4, 4, 1000, 64, "bhtd"), (1, 8, 8, 77, 128, "bthd"),
                                              (2, 8, 2, 1000, 64, "bthd"), (1, 8, 2, 300, 128, "bhtd")):
-                cases.append(AttentionProblem(b, hq, hkv, t, t, d, dtype, causal, layout=layout))
+                cases.append((AttentionProblem(b, hq, hkv, t, t, d, dtype, causal, layout=layout), instruction))
     return cases
 
 
 CASES = _cases()
 
 
-def _case_id(p: AttentionProblem) -> str:
-    return f"{p.dtype}-{'causal' if p.causal else 'full'}-{p.batch}x{p.q_heads}:{p.kv_heads}x{p.q_len}x{p.head_dim}-{p.layout}"
+def _case_id(case) -> str:
+    p, instruction = case
+    return (f"{p.dtype}-{instruction}-{'causal' if p.causal else 'full'}-{p.batch}x{p.q_heads}:{p.kv_heads}x"
+            f"{p.q_len}x{p.head_dim}-{p.layout}")
 
 
-def _build(p: AttentionProblem):
-    backward = choose_attention_tiles(p, TARGET, backward=True)
-    return (build_attention_forward(p, choose_attention_tiles(p, TARGET), TARGET),
+def _build(case):
+    p, instruction = case
+    wgmma = instruction == "wgmma"
+    target = TARGET if instruction == "wgmma" else dataclasses.replace(TARGET, features=TARGET.features - {"wgmma"})
+    forward = choose_attention_tiles(p, target, wgmma=wgmma)
+    backward = choose_attention_tiles(p, target, backward=True, wgmma=wgmma)
+    if wgmma and backward.mma != "wgmma":  # head dim 128 on the configurator's register budget: its tiles, on wgmma
+        backward = dataclasses.replace(backward, mma="wgmma")
+    return (build_attention_forward(p, forward, TARGET),
             build_attention_dq(p, backward, TARGET), build_attention_dkdv(p, backward, TARGET))
 
 
@@ -59,7 +71,7 @@ def _build(p: AttentionProblem):
 def kernels():
     context = multiprocessing.get_context("spawn")  # never fork a process that holds a CUDA context
     with concurrent.futures.ProcessPoolExecutor(min(len(CASES), os.cpu_count() or 1, 16), mp_context=context) as pool:
-        futures = [pool.submit(_build, p) for p in CASES]
+        futures = [pool.submit(_build, case) for case in CASES]
         return [f.exception() or f.result() for f in futures]
 
 
@@ -111,7 +123,7 @@ def _error(got, want) -> float:
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[_case_id(p) for p in CASES])
 def test_attention_forward_matches_float32(kernels, index):
-    p, kernel = CASES[index], kernels[index]
+    (p, _), kernel = CASES[index], kernels[index]
     if isinstance(kernel, BaseException):
         raise kernel
     kernel = kernel[0]
@@ -147,7 +159,7 @@ def backward_calls(dq_kernel, dkdv_kernel, p: AttentionProblem):
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[_case_id(p) for p in CASES])
 def test_attention_backward_matches_float32(kernels, index):
-    p, built = CASES[index], kernels[index]
+    (p, _), built = CASES[index], kernels[index]
     if isinstance(built, BaseException):
         raise built
     forward, dq_kernel, dkdv_kernel = built

@@ -112,6 +112,33 @@ def test_dot_product_attention_with_a_mask():
     assert 'optional_operand = "mask"' in lowered.as_text("nova")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("operand", ["mask", "bias"])
+def test_dot_product_attention_grouped_query_with_a_mask_or_bias_shared_by_the_heads(operand, dtype):
+    """GQA 4:2 with a [B, 1, T, T] mask (or bias): dot_product_attention broadcasts it over the group and
+    transposes it with the scores inside its `where`; it was refused as "a mask that differs between the
+    query heads of one kv head"."""
+    rng = np.random.default_rng()
+    if operand == "mask":
+        value = rng.random((B, 1, T, T)) < 0.8
+        value[..., np.arange(T), np.arange(T)] = True
+    else:
+        value = jnp.asarray(normal(rng, (B, 1, T, T)), dtype)
+    lowered = _check(_dpa(**{operand: value}), dtype, hkv=2)
+    assert f'optional_operand = "{operand}"' in lowered.as_text("nova")
+
+
+def test_a_mask_per_query_head_under_grouped_query_attention_is_refused_with_its_reason(caplog):
+    rng = np.random.default_rng()
+    mask = rng.random((B, H, T, T)) < 0.8
+    mask[..., np.arange(T), np.arange(T)] = True
+    q, k, v = _qkv(rng, "float32", 2)
+    with caplog.at_level(logging.INFO, logger="jnova"):
+        lowered = compare_with_jit(_step(_dpa(mask=mask), normal(rng, q.shape)), q, k, v)
+    assert "nova.attention" not in lowered.as_text("nova")
+    assert "a mask that differs between the query heads of one kv head" in caplog.text
+
+
 @pytest.mark.parametrize("masked_output", [False, True], ids=["o", "where(valid, o, 0)"])
 def test_a_padding_mask_of_minus_inf_with_an_empty_sequence_gives_nan_as_jit(masked_output):
     """Scores masked to -inf by a padding mask, one sequence of length 0: jax.nn.softmax of its rows of

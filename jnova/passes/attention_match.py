@@ -445,21 +445,30 @@ def _reaches(value: Value, source: Value, users, values: set) -> bool:
 
 
 def _optional_operand(value: Value, score_labels: Labels, shape, what: str) -> tuple[Value, Labels]:
-    """A bias or mask read by the scores: its labels, through the broadcasts that spread it."""
-    labels = score_labels
+    """A bias or mask read by the scores: its labels, through the views that spread and arrange it."""
+    v, labels = _through_views(value, score_labels)
+    _check_operand_labels(labels, what)
+    return v, labels
+
+
+def _through_views(value: Value, labels: Labels) -> tuple[Value, Labels]:
+    """The value `value` is a broadcast, reshape, transpose or convert of (GQA's grouped mask is
+    dot_product_attention's mask broadcast over the group and transposed), with its labels; the labels
+    of its size-1 dims are None."""
     v = value
-    while v.owner is not None and v.owner.name in ("nova.broadcast", "nova.reshape", "nova.convert"):
-        back = view_backward(v.owner, labels) if v.owner.name != "nova.broadcast" else \
-            tuple(labels[d] for d in v.owner.attrs["dims"])
+    while v.owner is not None and v.owner.name in ("nova.broadcast", "nova.reshape", "nova.convert", "nova.transpose"):
+        back = view_backward(v.owner, labels)
         if back is None:
             break
         v, labels = v.owner.operands[0], back
-    labels = tuple(l if s != 1 else None for l, s in zip(labels, v.type.shape))
+    return v, tuple(l if s != 1 else None for l, s in zip(labels, v.type.shape))
+
+
+def _check_operand_labels(labels: Labels, what: str) -> None:
     if any(l == "g" for l in labels):
         raise Refused(f"a {what} that differs between the query heads of one kv head")
     if any(l == "d" for l in labels):
         raise Refused(f"a {what} over the head dim")
-    return v, labels
 
 
 def _match_keep(fw: Forward, keep: Value, labels: Labels, shape) -> None:
@@ -480,14 +489,15 @@ def _match_keep(fw: Forward, keep: Value, labels: Labels, shape) -> None:
         raise Refused("a mask made of several masks")
     if masks:
         core, core_labels = masks[0]
+        _check_operand_labels(core_labels, "mask")
         if set(l for l in core_labels if l is not None) - {"x0", "x1", "i", "j"}:
             raise Refused(f"an unsupported mask shape {core.type.shape}")
         fw.mask = masks[0]
 
 
 def _conjuncts(fw: Forward, keep: Value, labels: Labels) -> list:
-    """The masks `keep` is the `and` of (through broadcasts), each with its labels."""
-    core, core_labels = _optional_operand(keep, labels, keep.type.shape, "mask")
+    """The masks `keep` is the `and` of (through views), each with its labels."""
+    core, core_labels = _through_views(keep, labels)
     fw.keep_values |= _views_between(keep, core)
     if core.owner is not None and core.owner.name == "nova.and":
         fw.keep_values.add(core)

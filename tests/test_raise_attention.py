@@ -128,6 +128,29 @@ def test_dot_product_attention_grouped_query_with_a_mask_or_bias_shared_by_the_h
     assert f'optional_operand = "{operand}"' in lowered.as_text("nova")
 
 
+def _grouped_einsum(k_first: bool):
+    """GQA written with the query heads grouped, [B, T, Hkv, G, D], as Llama ports write it."""
+    def attend(q, k, v):
+        b, t, h, d = q.shape
+        hkv = k.shape[2]
+        qg = q.reshape(b, t, hkv, h // hkv, d)
+        s = (jnp.einsum("bskd,bqkgd->bkgqs", k, qg) if k_first else jnp.einsum("bqkgd,bskd->bkgqs", qg, k)) / np.sqrt(d)
+        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, jnp.finfo(s.dtype).min)
+        o = jnp.einsum("bkgqs,bskd->bqkgd", jax.nn.softmax(s, -1), v)
+        return o.reshape(b, t, h, d)
+    return attend
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("k_first", [False, True], ids=["q_first", "k_first"])
+def test_grouped_query_attention_written_with_grouped_query_heads(k_first, dtype):
+    """The scores' matmul may take k as its first operand (einsum orders them): the side with two free
+    axes is the query's. It was refused: "the key side of the scores has more than one free axis"."""
+    lowered = _check(_grouped_einsum(k_first), dtype, hkv=2)
+    attention = next(line for line in lowered.as_text("nova").splitlines() if '"nova.attention"' in line)
+    assert "causal = true" in attention
+
+
 def test_a_mask_per_query_head_under_grouped_query_attention_is_refused_with_its_reason(caplog):
     rng = np.random.default_rng()
     mask = rng.random((B, H, T, T)) < 0.8

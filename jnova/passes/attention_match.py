@@ -236,8 +236,12 @@ def match_forward(m1: Op, users) -> Forward:
         sizes[batch[n]] = lhs.type.shape[d]
     lfree = [d for d in lf if lhs.type.shape[d] != 1]
     rfree = [d for d in rf if rhs.type.shape[d] != 1]
-    if len(rfree) > 1 and len(lfree) == 1:
-        raise Refused("the key side of the scores has more than one free axis")
+    # grouped-query scores k q^T (einsum may put k first): the side with two free axes is the query's
+    swapped = len(rfree) == 2 and len(lfree) == 1
+    if swapped:
+        lhs, rhs, lf, rf, lfree, rfree = rhs, lhs, rf, lf, rfree, lfree
+        a = {**a, "lhs_batch": a["rhs_batch"], "lhs_contract": a["rhs_contract"],
+             "rhs_batch": a["lhs_batch"], "rhs_contract": a["lhs_contract"]}
     if len(rfree) != 1 or len(lfree) not in (1, 2):
         raise Refused(f"scores with {len(lfree)} query-side and {len(rfree)} key-side free axes")
     # lhs free axes: i (and g), rhs free: j -- or swapped, decided by the softmax's axis below
@@ -260,7 +264,9 @@ def match_forward(m1: Op, users) -> Forward:
     sizes["d"] = lhs.type.shape[a["lhs_contract"][0]]
     if "g" in sizes and sizes["g"] in (sizes["i"],) and sizes["g"] != 1:
         raise Refused("the grouped-query axis and the query axis have one size: ambiguous")
-    out_labels = tuple(batch) + tuple(lhs_free_labels.get(d) for d in lf) + tuple("j" if d in rfree else None for d in rf)
+    q_free = tuple(lhs_free_labels.get(d) for d in lf)
+    k_free = tuple("j" if d in rfree else None for d in rf)
+    out_labels = tuple(batch) + ((k_free + q_free) if swapped else (q_free + k_free))
 
     def operand_labels(side, t, batch_dims, contract, free_label):
         result = [None] * t.rank

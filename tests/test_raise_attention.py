@@ -151,6 +151,18 @@ def test_grouped_query_attention_written_with_grouped_query_heads(k_first, dtype
     assert "causal = true" in attention
 
 
+@pytest.mark.parametrize("hkv", [H, 2])
+@pytest.mark.parametrize("window,causal", [((4, 4), False), ((5, 0), True), (6, True)],
+                         ids=["both_sides", "left_causal", "symmetric_causal"])
+def test_dot_product_attention_with_a_local_window(window, causal, hkv):
+    """`local_window_size` is a constant [T, T] mask, the `and` of its two bounds: one mask operand (it was
+    refused as "a mask made of several masks"); a window that keeps no key past the query (with
+    `is_causal`) also makes the op causal."""
+    lowered = _check(_dpa(is_causal=causal, local_window_size=window), hkv=hkv)
+    attention = next(line for line in lowered.as_text("nova").splitlines() if '"nova.attention"' in line)
+    assert 'optional_operand = "mask"' in attention and ("causal = true" in attention) == causal
+
+
 def test_a_mask_per_query_head_under_grouped_query_attention_is_refused_with_its_reason(caplog):
     rng = np.random.default_rng()
     mask = rng.random((B, H, T, T)) < 0.8

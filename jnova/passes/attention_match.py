@@ -490,6 +490,8 @@ def _match_keep(fw: Forward, keep: Value, labels: Labels, shape) -> None:
         if value is not None and _is_lower_triangle(value, core_labels, fw.sizes):
             fw.causal = True
             continue
+        if value is not None and _within_lower_triangle(value, core_labels, fw.sizes):
+            fw.causal = True  # a window below the diagonal: the mask operand, and causal loop bounds
         masks.append((core, core_labels))
     if len(masks) > 1:
         raise Refused("a mask made of several masks")
@@ -505,7 +507,9 @@ def _conjuncts(fw: Forward, keep: Value, labels: Labels) -> list:
     """The masks `keep` is the `and` of (through views), each with its labels."""
     core, core_labels = _through_views(keep, labels)
     fw.keep_values |= _views_between(keep, core)
-    if core.owner is not None and core.owner.name == "nova.and":
+    whole = ({l for l in core_labels if l is not None} <= {"i", "j"}  # a constant [Tq, Tk] `and` (a window's
+             and _constant_value(core) is not None)                    # two bounds) is one mask
+    if core.owner is not None and core.owner.name == "nova.and" and not whole:
         fw.keep_values.add(core)
         out = []
         for x in core.owner.operands:
@@ -529,6 +533,16 @@ def _is_lower_triangle(value: np.ndarray, labels: Labels, sizes: dict) -> bool:
     others = [a for a in range(value.ndim) if labels[a] not in ("i", "j")]
     arranged = np.transpose(value, others + [labels.index("i"), labels.index("j")])
     return bool((arranged == np.tri(sizes["i"], dtype=bool)).all())
+
+
+def _within_lower_triangle(value: np.ndarray, labels: Labels, sizes: dict) -> bool:
+    """Whether a constant mask keeps no key j > query i (a causal window: `local_window_size` with
+    `is_causal`), whatever its other axes."""
+    if "i" not in labels or "j" not in labels or sizes["i"] != sizes["j"]:
+        return False
+    others = [a for a in range(value.ndim) if labels[a] not in ("i", "j")]
+    arranged = np.transpose(value, others + [labels.index("i"), labels.index("j")])
+    return not (arranged & ~np.tri(sizes["i"], dtype=bool)).any()
 
 
 def _constant_value(v: Value) -> np.ndarray | None:

@@ -87,14 +87,18 @@ def jnova_forward(kernel, p: AttentionProblem):
     return jax.jit(lambda q, k, v: tuple(nova_kernel_p.bind(q, k, v, kernel=handle)))
 
 
-def jnova_forward_and_backward(kernels, p: AttentionProblem):
+def handles(kernels, p: AttentionProblem) -> tuple[GpuKernelHandle, GpuKernelHandle, GpuKernelHandle]:
+    """The forward, dQ and dK/dV kernels as launch handles with their results' types ([B, T, H, D])."""
     forward, dq_kernel, dkdv_kernel = kernels
     q_type = TensorType((p.batch, p.q_len, p.q_heads, p.head_dim), p.dtype)
     kv_type = TensorType((p.batch, p.kv_len, p.kv_heads, p.head_dim), p.dtype)
     rows = TensorType((p.batch, p.q_heads, p.q_len), "float32")
-    fwd = GpuKernelHandle(forward.launch(), [q_type, rows])
-    dq = GpuKernelHandle(dq_kernel.launch(), [q_type, rows])
-    dkdv = GpuKernelHandle(dkdv_kernel.launch(), [kv_type, kv_type])
+    return (GpuKernelHandle(forward.launch(), [q_type, rows]), GpuKernelHandle(dq_kernel.launch(), [q_type, rows]),
+            GpuKernelHandle(dkdv_kernel.launch(), [kv_type, kv_type]))
+
+
+def jnova_forward_and_backward(kernels, p: AttentionProblem):
+    fwd, dq, dkdv = handles(kernels, p)
 
     def step(q, k, v, do):
         o, lse = nova_kernel_p.bind(q, k, v, kernel=fwd)
@@ -106,12 +110,7 @@ def jnova_forward_and_backward(kernels, p: AttentionProblem):
 
 def jnova_backward_halves(kernels, p: AttentionProblem):
     """The dQ kernel alone and the dK/dV kernel alone, each a jitted function of (q, k, v, o, lse, delta, do)."""
-    _, dq_kernel, dkdv_kernel = kernels
-    q_type = TensorType((p.batch, p.q_len, p.q_heads, p.head_dim), p.dtype)
-    kv_type = TensorType((p.batch, p.kv_len, p.kv_heads, p.head_dim), p.dtype)
-    rows = TensorType((p.batch, p.q_heads, p.q_len), "float32")
-    dq = GpuKernelHandle(dq_kernel.launch(), [q_type, rows])
-    dkdv = GpuKernelHandle(dkdv_kernel.launch(), [kv_type, kv_type])
+    _, dq, dkdv = handles(kernels, p)
     return {"dq": jax.jit(lambda q, k, v, o, lse, delta, do: nova_kernel_p.bind(q, k, v, o, lse, do, kernel=dq)),
             "dkdv": jax.jit(lambda q, k, v, o, lse, delta, do: nova_kernel_p.bind(q, k, v, lse, delta, do,
                                                                                 kernel=dkdv))}

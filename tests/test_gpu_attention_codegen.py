@@ -128,6 +128,14 @@ INTERPRETED = [  # (batch, q heads, kv heads, T, D, dtype, causal, layout)
 ]
 
 
+def _configured(p: AttentionProblem, instruction: str, backward: bool = False) -> AttentionConfig:
+    """The configurator's tiles for `p` on `instruction` (wgmma: its wgmma tiles, whatever the default)."""
+    config = choose_attention_tiles(p, INSTRUCTIONS[instruction], backward=backward, wgmma=instruction == "wgmma")
+    if config.mma != instruction:  # head dim 128's backward on the register budget: mma.sync's tiles on wgmma
+        config = dataclasses.replace(choose_attention_tiles(p, H200_MMA_SYNC, backward=backward), mma=instruction)
+    return config
+
+
 def _with_instructions(cases):
     """Each case with the instructions its dtype runs on (bf16: wgmma and mma.sync; f32: mma.sync)."""
     return [pytest.param(c, i, id=f"{c[5]}-{i}-{'causal' if c[6] else 'full'}-{c[0]}x{c[1]}:{c[2]}x{c[3]}x{c[4]}-{c[7]}")
@@ -375,9 +383,7 @@ BACKWARD_INTERPRETED = [  # (batch, q heads, kv heads, T, D, dtype, causal, layo
 def test_backward_numerics_in_the_warp_interpreter(case, instruction):
     batch, hq, hkv, t, d, dtype, causal, layout = case
     p = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
-    config = choose_attention_tiles(p, INSTRUCTIONS[instruction], backward=True, wgmma=instruction == "wgmma")
-    if config.mma != instruction:  # the configurator's choice on the H200 (head dim 128: mma.sync)
-        config = dataclasses.replace(choose_attention_tiles(p, H200_MMA_SYNC, backward=True), mma=instruction)
+    config = _configured(p, instruction, backward=True)
     rng = np.random.default_rng(sum(case[:5]))
     dt = BF16 if dtype == "bfloat16" else np.float32
 
@@ -472,15 +478,14 @@ def _fused_projection(p: AttentionProblem, rng, dt):
     return qkv, parts, views
 
 
-@pytest.mark.parametrize("case", VIEWED, ids=lambda c: f"{c[5]}-{'causal' if c[6] else 'full'}-"
-                         f"{c[0]}x{c[1]}:{c[2]}x{c[3]}x{c[4]}-{c[7]}")
-def test_forward_reads_q_k_v_in_place_from_one_buffer(case):
+@pytest.mark.parametrize("case,instruction", _with_instructions(VIEWED))
+def test_forward_reads_q_k_v_in_place_from_one_buffer(case, instruction):
     """One input parameter, the whole projection buffer (exactly its size: a read past it faults)."""
     batch, hq, hkv, t, d, dtype, causal, layout = case
     p = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
     dt = BF16 if dtype == "bfloat16" else np.float32
     qkv, parts, views = _fused_projection(p, np.random.default_rng(), dt)
-    module = attention_forward_module(p, choose_attention_tiles(p, H200), H200, "fused_qkv", inputs=(("q", "k", "v"),),
+    module = attention_forward_module(p, _configured(p, instruction), H200, "fused_qkv", inputs=(("q", "k", "v"),),
                                       views=views, input_sizes=(qkv.size,))
     assert module.text.count(f"memref<{qkv.size}x{'bf16' if dtype == 'bfloat16' else 'f32'}> {{llvm.align") == 1
     o = np.full(parts["q"].shape, np.nan, dt)
@@ -492,14 +497,13 @@ def test_forward_reads_q_k_v_in_place_from_one_buffer(case):
     np.testing.assert_allclose(lse, want_lse, rtol=0, atol=2e-3 if dtype == "float32" else 1e-4)
 
 
-@pytest.mark.parametrize("case", VIEWED, ids=lambda c: f"{c[5]}-{'causal' if c[6] else 'full'}-"
-                         f"{c[0]}x{c[1]}:{c[2]}x{c[3]}x{c[4]}-{c[7]}")
-def test_backward_reads_q_k_v_and_do_in_place(case):
+@pytest.mark.parametrize("case,instruction", _with_instructions(VIEWED))
+def test_backward_reads_q_k_v_and_do_in_place(case, instruction):
     """dQ and dK/dV kernels reading q, k, v from one projection buffer and do from the second half of a
     wider buffer (offset and row stride of its own); o and lse in their own layouts."""
     batch, hq, hkv, t, d, dtype, causal, layout = case
     p = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
-    config = choose_attention_tiles(p, H200, backward=True)
+    config = _configured(p, instruction, backward=True)
     dt = BF16 if dtype == "bfloat16" else np.float32
     rng = np.random.default_rng()
     qkv, parts, views = _fused_projection(p, rng, dt)
@@ -527,15 +531,15 @@ def test_backward_reads_q_k_v_and_do_in_place(case):
 
 
 @requires_ptxas
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_kernels_reading_in_place_assemble_without_spills(dtype):
+@pytest.mark.parametrize("dtype,instruction", [("bfloat16", "wgmma"), ("bfloat16", "mma.sync"), ("float32", "mma.sync")])
+def test_kernels_reading_in_place_assemble_without_spills(dtype, instruction):
     """GPT-2's shape, q, k, v as views of its [B, T, 3 C] projection: forward, dQ and dK/dV."""
     p = AttentionProblem(8, 12, 12, 1024, 1024, 64, dtype, True)
     width, size = 3 * 12 * 64, 8 * 1024 * 3 * 12 * 64
     views = {r: RowView(i * 12 * 64, 1024 * width, 64, width) for i, r in enumerate("qkv")}
-    modules = [attention_forward_module(p, choose_attention_tiles(p, H200), H200, "fwd", (("q", "k", "v"),),
+    modules = [attention_forward_module(p, _configured(p, instruction), H200, "fwd", (("q", "k", "v"),),
                                         views=views, input_sizes=(size,))]
-    config = choose_attention_tiles(p, H200, backward=True)
+    config = _configured(p, instruction, backward=True)
     modules.append(attention_dq_module(p, config, H200, "dq", inputs=(("q", "k", "v"), ("o",), ("lse",), ("do",)),
                                        views=views, input_sizes=(size, size // 3, 8 * 12 * 1024, size // 3)))
     modules.append(attention_dkdv_module(p, config, H200, "dkdv",
@@ -549,9 +553,8 @@ def test_kernels_reading_in_place_assemble_without_spills(dtype):
         assert ptx.count(".param .u64 .ptr") == (3 if module.name == "fwd" else 6)
 
 
-@pytest.mark.parametrize("case", VIEWED, ids=lambda c: f"{c[5]}-{'causal' if c[6] else 'full'}-"
-                         f"{c[0]}x{c[1]}:{c[2]}x{c[3]}x{c[4]}-{c[7]}")
-def test_dkdv_writes_the_concatenation_of_the_gradients(case):
+@pytest.mark.parametrize("case,instruction", _with_instructions(VIEWED))
+def test_dkdv_writes_the_concatenation_of_the_gradients(case, instruction):
     """The dK/dV kernel writes dk and dv into their columns of the [B, T, (Hq + 2 Hkv) D] gradient of a
     fused projection and copies dq (an input) into the first ones: the whole buffer, poisoned before,
     is the concatenation; q, k, v are read in place from the projection as in the step."""
@@ -559,7 +562,7 @@ def test_dkdv_writes_the_concatenation_of_the_gradients(case):
 
     batch, hq, hkv, t, d, dtype, causal, layout = case
     p = AttentionProblem(batch, hq, hkv, t, t, d, dtype, causal, layout=layout)
-    config = choose_attention_tiles(p, H200, backward=True)
+    config = _configured(p, instruction, backward=True)
     dt = BF16 if dtype == "bfloat16" else np.float32
     rng = np.random.default_rng()
     qkv, parts, views = _fused_projection(p, rng, dt)
@@ -587,8 +590,8 @@ def test_dkdv_writes_the_concatenation_of_the_gradients(case):
 
 
 @requires_ptxas
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_dkdv_writing_the_concatenation_assembles_without_spills(dtype):
+@pytest.mark.parametrize("dtype,instruction", [("bfloat16", "wgmma"), ("bfloat16", "mma.sync"), ("float32", "mma.sync")])
+def test_dkdv_writing_the_concatenation_assembles_without_spills(dtype, instruction):
     from jnova.codegen.gpu.attention_operands import Concatenation
 
     p = AttentionProblem(8, 12, 12, 1024, 1024, 64, dtype, True)
@@ -596,7 +599,7 @@ def test_dkdv_writing_the_concatenation_assembles_without_spills(dtype):
     views = {r: RowView(i * 768, 1024 * width, 64, width) for i, r in enumerate(("q", "k", "v"))}
     concatenation = Concatenation(size, {"dk": views["k"], "dv": views["v"]},
                                   ((4, (8, 1024, 12, 64), 0, (1024 * width, width, 64, 1)),), frozenset())
-    module = attention_dkdv_module(p, choose_attention_tiles(p, H200, backward=True), H200, "dkdv",
+    module = attention_dkdv_module(p, _configured(p, instruction, backward=True), H200, "dkdv",
                                    inputs=(("q", "k", "v"), ("lse",), ("delta",), ("do",), ("part0",)), views=views,
                                    input_sizes=(size, rows, rows, size // 3, size // 3), concatenation=concatenation)
     ptx = to_ptx(module.text)

@@ -4,12 +4,15 @@ another; the shared-memory buffer becomes a parameter and the barrier is dropped
 because the thread that folds the partials is the last of its block) with poisoned outputs against
 jax.jit."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jnova.codegen.gpu.column_reduction import column_reduction_refusal
+from jnova.codegen.gpu.column_reduction import (build_column_reduction, choose_column_reduction_schedule,
+                                               column_reduction_refusal)
 from jnova.codegen.gpu.compile import build_gpu_module, compile_gpu_kernel
 from jnova.runtime.target import get_target
 from helpers.gpu_emulation import assert_outputs_close, poisoned_like, simulate_with_shared_memory
@@ -80,24 +83,32 @@ def test_schedule_reads_16_bytes_and_spreads_columns_over_blocks():
     assert "vector=8" in compile_gpu_kernel(kernel, get_target("h200")).schedule
 
 
-def test_threads_read_four_rows_before_folding_them():
-    """Each thread's fold has four rows' loads per trip (none waits for another row's fold); a thread
-    with fewer rows reads only those."""
-    from jnova.codegen.gpu.column_reduction import choose_column_reduction_schedule
-
+def _module(kernel, rows_in_flight: int):
+    """The kernel's gpu.module with the configurator's schedule, reading `rows_in_flight` rows a trip."""
     h200 = get_target("h200")
+    sched = choose_column_reduction_schedule(kernel, h200)
+    ahead = max(1, min(rows_in_flight, -(-sched.rows // sched.row_lanes)))
+    return build_column_reduction(kernel, h200, dataclasses.replace(sched, rows_in_flight=ahead))
+
+
+def test_threads_read_four_rows_before_folding_them():
+    """With rows_in_flight=4 each thread's fold has four rows' loads per trip (none waits for another
+    row's fold); a thread with fewer rows reads only those; the configurator's schedule reads one (the
+    kernel as it was, until four is measured on a GPU)."""
     for name, rows_each in (("sum_4096x768", 4), ("sum_3x5x7", 1)):
         _, _, kernel, _ = case_kernel(name)
-        sched = choose_column_reduction_schedule(kernel, h200)
-        assert sched.rows >= 4 * sched.row_lanes if rows_each == 4 else sched.rows <= sched.row_lanes
-        text = build_gpu_module(kernel, h200).text
+        text = _module(kernel, 4).text
         assert text.count("vector.load") + text.count("memref.load %in") == rows_each, name
+        default = build_gpu_module(kernel, get_target("h200"))
+        assert default.text.count("vector.load") + default.text.count("memref.load %in") == 1
+        assert "rows_in_flight" not in default.schedule
 
 
+@pytest.mark.parametrize("rows_in_flight", [1, 4])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_kernel_simulated_on_cpu_matches_jit(name):
+def test_kernel_simulated_on_cpu_matches_jit(name, rows_in_flight):
     fn, args, kernel, inputs = case_kernel(name)
-    module = build_gpu_module(kernel, get_target("h200"))
+    module = _module(kernel, rows_in_flight)
     assert module.schedule.startswith("column_reduction(") and "gpu.shuffle" not in module.text
     want = jax.tree.leaves(jax.jit(fn)(*args))
     if name == "max_nan":  # NumPy propagates NaN as rules_reduce.py does (this jax.jit on CPU drops it)

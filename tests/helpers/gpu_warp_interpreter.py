@@ -63,6 +63,12 @@ def wgmma_a_layout() -> list[tuple[np.ndarray, np.ndarray]]:
     return [(row, col), (row + 8, col), (row, col + 8), (row + 8, col + 8)]
 
 
+# Ops that only order or wait for other work: no-ops where copies and wgmmas complete when issued.
+SYNCHRONIZATION = frozenset({"gpu.barrier", "nvvm.fence.proxy", "nvvm.wgmma.fence.aligned",
+                             "nvvm.wgmma.commit.group.sync.aligned", "nvvm.wgmma.wait.group.sync.aligned",
+                             "nvvm.cp.async.commit.group", "nvvm.cp.async.wait.group"})
+
+
 class KernelFault(AssertionError):
     """The kernel did something a GPU would not survive (an access out of bounds, divergent bounds)."""
 
@@ -112,6 +118,8 @@ class _Block:
             name = op.operation.name
             if name in ("scf.yield", "gpu.return"):
                 return [self.get(x) for x in op.operands]
+            if name in SYNCHRONIZATION:  # copies and products complete when issued
+                continue
             handler = getattr(self, "op_" + name.replace(".", "_"), None)
             if handler is None:
                 raise NotImplementedError(f"the warp interpreter has no rule for {name}")
@@ -183,27 +191,6 @@ class _Block:
         if not (isinstance(mem, Memory) and mem.bytes is self.shared):
             raise NotImplementedError(f"the address of a memref other than the dynamic shared memory: {op}")
         return np.full(self.threads, mem.offset, np.int64)
-
-    def op_gpu_barrier(self, op, mask):
-        return None
-
-    def op_nvvm_fence_proxy(self, op, mask):
-        return None
-
-    def op_nvvm_wgmma_fence_aligned(self, op, mask):
-        return None
-
-    def op_nvvm_wgmma_commit_group_sync_aligned(self, op, mask):
-        return None
-
-    def op_nvvm_wgmma_wait_group_sync_aligned(self, op, mask):
-        return None
-
-    def op_nvvm_cp_async_commit_group(self, op, mask):
-        return None
-
-    def op_nvvm_cp_async_wait_group(self, op, mask):
-        return None
 
     def _index(self, mem: Memory, idx, mask, count: int = 1):
         elements = mem.elements()

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 
 from jnova.codegen.gpu.attention_operands import kernel_operands, natural_view, natural_views, operand_sizes
-from jnova.codegen.gpu.attention_wgmma import WarpgroupProducts
+from jnova.codegen.gpu.attention_wgmma import WarpgroupProducts, pack_bf16
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule, ptx_features
 from jnova.codegen.gpu.matmul import ALIGN, GpuKernel
 from jnova.codegen.gpu.matmul_smem import SMEM, OperandTile, ix_add, ix_op
@@ -461,14 +461,6 @@ def ldmatrix(em: GpuEmitter, view: str, view_type: str, at: str, count: int, tra
 def tf32(em: GpuEmitter, words: list[str]) -> list[str]:
     """f32 words rounded to TF32 (cvt.rna), as i32 bit patterns for mma.sync."""
     return [em.op(f"nvvm.convert.float.to.tf32 {w} {{rnd = #nvvm.fp_rnd_mode<rna>}}") for w in words]
-
-
-def pack_bf16(em: GpuEmitter, lo: str, hi: str) -> str:
-    """Two f32 values as one i32 of two bf16 (lo in the low half: the lower column)."""
-    pair = em.op(f"vector.from_elements {em.op(f'arith.truncf {lo} : f32 to bf16')}, "
-                 f"{em.op(f'arith.truncf {hi} : f32 to bf16')} : vector<2xbf16>")
-    return em.op(f"vector.extract {em.op(f'vector.bitcast {pair} : vector<2xbf16> to vector<1xi32>')}[0] : "
-                 f"i32 from vector<1xi32>")
 
 
 def mma(em: GpuEmitter, a: list[str], b: list[str], c: list[str], bf16: bool) -> list[str]:

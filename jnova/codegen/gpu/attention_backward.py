@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 
 from jnova.codegen.gpu.attention import (ELEMENT, FENCE_PROXY_ASYNC, LOG2E, MASKED, RowCopier, RowTile, default_name,
-                                         exp2, instruction, ldmatrix, mma, mma_refusal, module_text, pack_bf16,
-                                         shuffle_xor, tf32, tree)
-from jnova.codegen.gpu.attention_wgmma import WarpgroupProducts
+                                         exp2, instruction, ldmatrix, mma, mma_refusal, module_text, shuffle_xor,
+                                         tf32, tree)
+from jnova.codegen.gpu.attention_wgmma import WarpgroupProducts, pack_bf16
 from jnova.codegen.gpu.attention_operands import (kernel_operands, natural_view, natural_views, operand_sizes,
                                                   written_concatenation)
 from jnova.codegen.gpu.emitter import GpuEmitter, GpuModule

@@ -120,8 +120,6 @@ class WarpgroupProducts:
         """acc (D/2 values, accumulator layout) += C B: C's n/8 tiles of 4 f32 (n keys or queries) packed
         to bf16 as A fragments, B the [n][D] tile `b` read N-major. Committed; waited for (every group in
         flight) only when `wait`."""
-        from jnova.codegen.gpu.attention import pack_bf16
-
         em, d = self.em, self.d
         bits = descriptor_bits(b.layout.panel_bytes, GROUP_ROWS_BYTES)
         words = [[pack_bf16(em, c_tiles[2 * kk + h][2 * w], c_tiles[2 * kk + h][2 * w + 1])
@@ -139,6 +137,14 @@ class WarpgroupProducts:
     def wait(self, in_flight: int = 0) -> None:
         """Until at most `in_flight` committed groups of this warpgroup are still running."""
         self.em.line(f"nvvm.wgmma.wait.group.sync.aligned {in_flight}")
+
+
+def pack_bf16(em: GpuEmitter, lo: str, hi: str) -> str:
+    """Two f32 values as one i32 of two bf16 (lo in the low half: the lower column)."""
+    pair = em.op(f"vector.from_elements {em.op(f'arith.truncf {lo} : f32 to bf16')}, "
+                 f"{em.op(f'arith.truncf {hi} : f32 to bf16')} : vector<2xbf16>")
+    return em.op(f"vector.extract {em.op(f'vector.bitcast {pair} : vector<2xbf16> to vector<1xi32>')}[0] : "
+                 f"i32 from vector<1xi32>")
 
 
 def wgmma_rs(em: GpuEmitter, a: list[str], b_desc: str, acc: list[str], scale_d: str, n: int) -> list[str]:

@@ -201,7 +201,6 @@ def _fold_rows(em: GpuEmitter, kind: str, dtype: str, x, memrefs, init: str, row
     return [narrow_after_exchange(em.scalar(), a, dtype) for a in accs]
 
 
-
 def _across_row_lanes(em: GpuEmitter, kind: str, dtype: str, accs: list[str], init: str, tid: str,
                       column_thread: str, sched: ColumnReductionSchedule, partials: str, buffer: str) -> list[str]:
     """Every thread stores its partials at slot `tid * vector + lane`; after a barrier each thread
